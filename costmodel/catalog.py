@@ -1,0 +1,434 @@
+"""Named model architectures, and import of Hugging Face ``config.json`` files.
+
+``get_model`` takes a catalog name (case and punctuation ignored, common aliases accepted)
+or the path of a Hugging Face ``config.json`` (or of a directory holding one) and returns a
+frozen :class:`~costmodel.specs.ModelSpec`. The catalog below is plain data; the specs are
+built on first use by :func:`catalog` and cached.
+
+Each entry cites where its numbers come from. Parameter counts computed from these shapes
+are checked against the published sizes in ``tests/test_catalog.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from costmodel.profiles import InputError
+from costmodel.specs import ModelSpec
+
+__all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
+
+# Catalog ----------------------------------------------------------------------------------
+# name -> (aliases, ModelSpec fields). Plain data: nothing is built at import time.
+_ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    # Llama 2 7B. Touvron et al. 2023, "Llama 2", Table 1 / HF meta-llama/Llama-2-7b-hf
+    # config.json (32 layers, 4096, intermediate 11008, 32 heads MHA, vocab 32000, 4k context).
+    "7b": (
+        ("llama2-7b", "llama-2-7b", "meta-llama/Llama-2-7b-hf"),
+        dict(layers=32, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000, seq_len=4096),
+    ),
+    # Llama 3 8B. Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 / HF
+    # meta-llama/Meta-Llama-3-8B config.json (32 layers, 4096, 14336, 32 heads, 8 KV heads).
+    "8b": (
+        ("llama3-8b", "llama-3-8b", "meta-llama-3-8b", "llama3.1-8b", "llama-3.1-8b",
+         "meta-llama/Meta-Llama-3-8B"),
+        dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=128256,
+             seq_len=8192),
+    ),
+    # Llama 2 13B. "Llama 2" paper / HF meta-llama/Llama-2-13b-hf config.json
+    # (40 layers, 5120, intermediate 13824, 40 heads MHA, vocab 32000, 4k context).
+    "13b": (
+        ("llama2-13b", "llama-2-13b", "meta-llama/Llama-2-13b-hf"),
+        dict(layers=40, hidden=5120, ffn_hidden=13824, heads=40, vocab=32000, seq_len=4096),
+    ),
+    # Llama 3 70B. "The Llama 3 Herd of Models", Table 3 / HF meta-llama/Meta-Llama-3-70B
+    # config.json (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 128256, 8k pretraining).
+    "70b": (
+        ("llama3-70b", "llama-3-70b", "meta-llama-3-70b", "llama3.1-70b", "llama-3.1-70b",
+         "meta-llama/Meta-Llama-3-70B"),
+        dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=128256,
+             seq_len=8192),
+    ),
+    # Llama 3.1 405B. "The Llama 3 Herd of Models", Table 3 (126 layers, model dim 16384,
+    # FFN dim 53248, 128 heads, 8 KV heads, vocab 128000+256 special = 128256, 8k pretraining).
+    "405b": (
+        ("llama3.1-405b", "llama-3.1-405b", "llama3-405b", "llama-3-405b",
+         "meta-llama/Llama-3.1-405B"),
+        dict(layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8, vocab=128256,
+             seq_len=8192),
+    ),
+    # GPT-3 175B. Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads x 128,
+    # context 2048; FFN = 4 d_model); vocab 51200 = GPT-2 BPE 50257 padded as in Narayanan
+    # et al. 2021 (Megatron-LM) / NeMo GPTConfig175B. Learned positions, tied embeddings.
+    "gpt3-175b": (
+        ("gpt-3-175b", "gpt3", "gpt-3", "175b"),
+        dict(layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=51200, seq_len=2048,
+             gated_mlp=False, learned_position_embeddings=True, tied_embeddings=True),
+    ),
+    # Mixtral 8x7B. Jiang et al. 2024, "Mixtral of Experts", Table 1 / HF
+    # mistralai/Mixtral-8x7B-v0.1 config.json (32 layers, 4096, 14336, 32 heads, 8 KV heads,
+    # 8 experts top-2, vocab 32000). seq_len 4096 is a training choice, not the 32k context.
+    "mixtral-8x7b": (
+        ("mixtral", "mixtral8x7b", "mistralai/Mixtral-8x7B-v0.1"),
+        dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=32000,
+             seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=14336),
+    ),
+    # DeepSeek-V3 (671B total / 37B active). DeepSeek-AI 2024, "DeepSeek-V3 Technical
+    # Report", section 4.2 / HF deepseek-ai/DeepSeek-V3 config.json (61 layers, 7168,
+    # intermediate 18432, moe_intermediate 2048, 128 heads, kv_lora_rank 512, q_lora_rank 1536,
+    # qk_nope 128, qk_rope 64, v_head 128, 256 routed + 1 shared experts, top-8,
+    # first_k_dense_replace 3, vocab 129280; pretraining at 4k). The MTP module is not modelled.
+    "deepseek-v3": (
+        ("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"),
+        dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
+             seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
+             dense_layers=3, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
+             mla_v_head_dim=128),
+    ),
+    # Qwen3-30B-A3B. Qwen Team 2025, "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-30B-A3B
+    # config.json (48 layers, 2048, 32 Q / 4 KV heads x 128, 128 experts top-8,
+    # moe_intermediate 768, intermediate 6144 unused, vocab 151936, untied).
+    "qwen3-30b-a3b": (
+        ("qwen3-30b", "qwen3-30ba3b", "Qwen/Qwen3-30B-A3B"),
+        dict(layers=48, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4, head_dim=128,
+             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=768),
+    ),
+    # Qwen3-235B-A22B. "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-235B-A22B config.json
+    # (94 layers, 4096, 64 Q / 4 KV heads x 128, 128 experts top-8, moe_intermediate 1536,
+    # intermediate 12288 unused, vocab 151936). seq 4096 = pretraining stages S1/S2.
+    "qwen3-235b-a22b": (
+        ("qwen3-235b", "qwen3-235ba22b", "Qwen/Qwen3-235B-A22B"),
+        dict(layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4, head_dim=128,
+             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=1536),
+    ),
+    # gpt-oss-120b. OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" / HF
+    # openai/gpt-oss-120b config.json (36 layers, 2880, 64 Q / 8 KV heads x 64, 128 experts
+    # top-4, intermediate 2880, vocab 201088, initial_context_length 4096, untied).
+    # Attention sinks, biases and the alternating 128-token sliding window are not modelled.
+    "gpt-oss-120b": (
+        ("gptoss-120b", "gpt-oss", "openai/gpt-oss-120b"),
+        dict(layers=36, hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
+             vocab=201088, seq_len=4096, num_experts=128, moe_topk=4, moe_ffn_hidden=2880),
+    ),
+    # Nemotron-4 340B. NVIDIA 2024, "Nemotron-4 340B Technical Report", Table 1 / NeMo
+    # Nemotron4Config340B (96 layers, 18432, ffn 73728, 96 heads, 8 query groups, seq 4096,
+    # vocab 256000, squared-ReLU 2-matrix MLP, untied embeddings).
+    "nemotron4-340b": (
+        ("nemotron-4-340b", "nemotron4", "nvidia/Nemotron-4-340B-Base"),
+        dict(layers=96, hidden=18432, ffn_hidden=73728, heads=96, kv_heads=8, vocab=256000,
+             seq_len=4096, gated_mlp=False),
+    ),
+    # Llama 2 70B. "Llama 2" paper (GQA for 70B) / HF meta-llama/Llama-2-70b-hf config.json
+    # (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 32000, 4k context).
+    "llama2-70b": (
+        ("llama-2-70b", "meta-llama/Llama-2-70b-hf"),
+        dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=32000,
+             seq_len=4096),
+    ),
+}
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+@lru_cache(maxsize=1)
+def _alias_table() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for name, (aliases, _) in _ENTRIES.items():
+        for key in (name, *aliases):
+            k = _norm(key)
+            if table.get(k, name) != name:  # pragma: no cover - guards edits to _ENTRIES
+                raise RuntimeError(f"catalog alias {key!r} is ambiguous")
+            table[k] = name
+    return table
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict[str, ModelSpec]:
+    return {name: ModelSpec(name=name, **fields) for name, (_, fields) in _ENTRIES.items()}
+
+
+def catalog() -> dict[str, ModelSpec]:
+    """All catalog models by canonical name (a fresh dict; the specs are frozen and cached)."""
+    return dict(_catalog())
+
+
+def catalog_names() -> list[str]:
+    """Canonical catalog names, in catalog order."""
+    return list(_ENTRIES)
+
+
+def __getattr__(name: str) -> Any:
+    # ``from costmodel.catalog import CATALOG`` builds the catalog lazily on first access.
+    if name == "CATALOG":
+        return catalog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _with_overrides(
+    spec: ModelSpec, where: str, seq_len: int | None, precision: str | None
+) -> ModelSpec:
+    updates: dict[str, Any] = {}
+    if seq_len is not None:
+        updates["seq_len"] = seq_len
+    if precision is not None:
+        updates["precision"] = precision
+    if not updates:
+        return spec
+    try:
+        return ModelSpec.model_validate({**spec.model_dump(), **updates})
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        raise InputError(f"{where}: field '{field}': {e['msg']}") from None
+
+
+def get_model(
+    name_or_path: str | Path, *, seq_len: int | None = None, precision: str | None = None
+) -> ModelSpec:
+    """A model by catalog name or alias, or from a Hugging Face ``config.json`` path.
+
+    ``seq_len`` and ``precision`` override the catalog's (or the config's) values.
+    """
+    text = str(name_or_path)
+    p = Path(text).expanduser()
+    if p.exists() or p.suffix == ".json":
+        return from_hf_config(p, seq_len=seq_len, precision=precision)
+    name = _alias_table().get(_norm(text))
+    if name is None:
+        raise InputError(
+            f"unknown model {text!r}; catalog: {', '.join(catalog_names())} "
+            "(or pass the path of a Hugging Face config.json)"
+        )
+    return _with_overrides(_catalog()[name], f"model {name!r}", seq_len, precision)
+
+
+# Hugging Face import ------------------------------------------------------------------------
+_MISSING = object()
+
+# model_type values whose MLP is the two-matrix GPT/NeoX/Nemotron kind (no gate).
+_UNGATED_TYPES = {"gpt2", "gpt_neox", "gpt_bigcode", "gptj", "opt", "falcon", "nemotron",
+                  "starcoder2", "phi", "bloom", "mpt"}
+_UNGATED_ACTS = {"relu2", "squared_relu"}
+# model_type values with a learned absolute position table.
+_LEARNED_POS_TYPES = {"gpt2", "gpt_bigcode", "opt"}
+# model_type values whose transformers config ties embeddings by default.
+_TIED_BY_DEFAULT = {"gpt2", "gpt_bigcode", "gptj", "opt", "bloom", "mpt", "phi"}
+
+
+class _Config:
+    """Field look-up over one HF config, remembering which key each value came from."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self.source: dict[str, str] = {}
+
+    def get(self, field: str, *keys: str, default: Any = _MISSING) -> Any:
+        for key in keys:
+            value = self.data.get(key)
+            if value is not None:
+                self.source[field] = key
+                return value
+        if default is _MISSING:
+            names = " / ".join(repr(k) for k in keys)
+            raise InputError(f"{self.path}: missing required field {names}")
+        self.source[field] = keys[0] if keys else field
+        return default
+
+    def int_(self, field: str, *keys: str, default: Any = _MISSING) -> Any:
+        value = self.get(field, *keys, default=default)
+        if value is None or value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(
+                f"{self.path}: field '{self.source[field]}': expected an integer, got {value!r}"
+            )
+        return value
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object of config fields at the top level")
+    return data
+
+
+def _resolve_path(path: str | Path) -> Path:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+        if not p.exists():
+            raise InputError(f"{p}: file not found (the directory holds no config.json)")
+    return p
+
+
+def from_hf_config(
+    path: str | Path, *, seq_len: int | None = None, precision: str | None = None
+) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face ``config.json`` (or a directory holding one).
+
+    Understands Llama / Mistral / Mixtral / Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE /
+    DeepSeek-V2/V3 / GPT-OSS / GPT-2 / GPT-NeoX field names. ``seq_len`` defaults to
+    ``min(max_position_embeddings, 8192)``.
+    """
+    p = _resolve_path(path)
+    raw = _read_json(p)
+    # Multimodal wrappers (Llava, Qwen-VL, Gemma 3, ...) nest the language model.
+    data = raw
+    if "num_hidden_layers" not in raw and "n_layer" not in raw and isinstance(
+        raw.get("text_config"), dict
+    ):
+        data = {"model_type": raw.get("model_type"), **raw["text_config"]}
+    cfg = _Config(p, data)
+    model_type = str(data.get("model_type") or "").lower()
+
+    fields: dict[str, Any] = {}
+    fields["layers"] = cfg.int_("layers", "num_hidden_layers", "n_layer", "num_layers")
+    hidden = fields["hidden"] = cfg.int_("hidden", "hidden_size", "n_embd", "d_model")
+    fields["heads"] = cfg.int_("heads", "num_attention_heads", "n_head")
+    fields["vocab"] = cfg.int_("vocab", "vocab_size", "padded_vocab_size")
+
+    # Mixture of experts.
+    num_experts = cfg.int_(
+        "num_experts", "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+        default=0,
+    )
+    if num_experts:
+        fields["num_experts"] = num_experts
+        fields["moe_topk"] = cfg.int_(
+            "moe_topk", "num_experts_per_tok", "experts_per_token", "moe_top_k"
+        )
+        moe_ffn = cfg.int_("moe_ffn_hidden", "moe_intermediate_size", "intermediate_size")
+        fields["moe_ffn_hidden"] = moe_ffn
+        shared = cfg.int_("shared_experts", "n_shared_experts", "num_shared_experts", default=0)
+        if not shared and data.get("shared_expert_intermediate_size"):
+            # Qwen2-MoE: one shared expert of a given width, counted in routed-expert widths.
+            width = cfg.int_("shared_experts", "shared_expert_intermediate_size")
+            if width % moe_ffn:
+                raise InputError(
+                    f"{p}: field 'shared_expert_intermediate_size': {width} is not a multiple "
+                    f"of moe_intermediate_size {moe_ffn}"
+                )
+            shared = width // moe_ffn
+        fields["shared_experts"] = shared
+        fields["dense_layers"] = _dense_layers(cfg, num_experts)
+
+    # Dense FFN width (for MoE models: the leading dense layers; may be absent or 0).
+    ffn = cfg.get("ffn_hidden", "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
+                  default=None)
+    if not ffn:
+        if model_type == "gpt2" or "n_embd" in data:
+            ffn = 4 * hidden  # GPT-2: n_inner null means 4 * n_embd
+            cfg.source["ffn_hidden"] = "n_inner"
+        elif num_experts:
+            ffn = fields["moe_ffn_hidden"]
+        else:
+            raise InputError(f"{p}: missing required field 'intermediate_size'")
+    fields["ffn_hidden"] = ffn
+
+    kv_heads = cfg.int_("kv_heads", "num_key_value_heads", "num_kv_heads", default=None)
+    if kv_heads is not None:
+        fields["kv_heads"] = kv_heads
+
+    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash style).
+    kv_lora = cfg.int_("mla_kv_lora_rank", "kv_lora_rank", default=None)
+    if kv_lora is not None:
+        fields["mla_kv_lora_rank"] = kv_lora
+        q_lora = cfg.int_("mla_q_lora_rank", "q_lora_rank", default=None)
+        if q_lora is not None:
+            fields["mla_q_lora_rank"] = q_lora
+        fields["mla_rope_dim"] = cfg.int_("mla_rope_dim", "qk_rope_head_dim", default=64)
+        fields["head_dim"] = cfg.int_("head_dim", "qk_nope_head_dim", "head_dim")
+        v_head = cfg.int_("mla_v_head_dim", "v_head_dim", default=None)
+        if v_head is not None:
+            fields["mla_v_head_dim"] = v_head
+    else:
+        head_dim = cfg.int_("head_dim", "head_dim", "kv_channels", default=None)
+        if head_dim is not None:
+            fields["head_dim"] = head_dim
+
+    if seq_len is None:
+        max_pos = cfg.int_(
+            "seq_len", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
+            "max_sequence_length", default=None,
+        )
+        if max_pos is None:
+            raise InputError(
+                f"{p}: missing required field 'max_position_embeddings' (or pass seq_len)"
+            )
+        seq_len = min(max_pos, 8192)
+        fields["seq_len"] = seq_len
+    else:
+        cfg.source["seq_len"] = "seq_len"
+        fields["seq_len"] = seq_len
+
+    tied = cfg.get("tied_embeddings", "tie_word_embeddings",
+                   default=model_type in _TIED_BY_DEFAULT)
+    if not isinstance(tied, bool):
+        raise InputError(f"{p}: field 'tie_word_embeddings': expected true or false, got {tied!r}")
+    fields["tied_embeddings"] = tied
+    act = str(data.get("hidden_act") or data.get("activation_function") or "").lower()
+    fields["gated_mlp"] = not (model_type in _UNGATED_TYPES or act in _UNGATED_ACTS)
+    if model_type == "gpt_oss":
+        fields["gated_mlp"] = True  # clamped SwiGLU despite its own activation name
+    fields["learned_position_embeddings"] = model_type in _LEARNED_POS_TYPES
+    if precision is not None:
+        fields["precision"] = precision
+        cfg.source["precision"] = "precision"
+    parent = p.resolve().parent.name
+    fields["name"] = parent if p.name == "config.json" and parent else p.stem
+
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = [str(x) for x in e["loc"]]
+        key = cfg.source.get(loc[0], loc[0]) if loc else "(top level)"
+        raise InputError(f"{p}: field '{key}': {e['msg']}") from None
+
+
+def _dense_layers(cfg: _Config, num_experts: int) -> int:
+    """Leading dense layers of an MoE config; anything other than a leading block is refused."""
+    data = cfg.data
+    layers = cfg.data.get("num_hidden_layers") or cfg.data.get("n_layer") or 0
+    dense = cfg.int_("dense_layers", "first_k_dense_replace", default=0)
+    for key in ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"):
+        step = data.get(key)
+        if isinstance(step, int) and not isinstance(step, bool) and step > 1:
+            raise InputError(
+                f"{cfg.path}: field '{key}': MoE every {step} layers is not supported "
+                "(only leading dense layers followed by MoE layers)"
+            )
+    only = data.get("mlp_only_layers")
+    if only:
+        if not isinstance(only, list) or sorted(only) != list(range(len(only))):
+            raise InputError(
+                f"{cfg.path}: field 'mlp_only_layers': only a leading block of dense layers "
+                f"(0, 1, ..., k-1) is supported, got {only!r}"
+            )
+        dense = max(dense, len(only))
+        cfg.source["dense_layers"] = "mlp_only_layers"
+    if layers and dense > layers:
+        raise InputError(
+            f"{cfg.path}: field '{cfg.source['dense_layers']}': {dense} dense layers "
+            f"exceeds num_hidden_layers={layers}"
+        )
+    return dense

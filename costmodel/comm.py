@@ -1,0 +1,168 @@
+"""Collective time from busbw curves and the cluster's shape.
+
+Which ranks form which group follows Megatron's rank order (default ``tp-cp-ep-dp-pp``, innermost
+first, as in ``parallel_state.generate_masked_orthogonal_rank_groups``): a group of size n whose
+members are ``stride`` ranks apart has k = min(n, D/stride) members in each NVLink domain of D GPUs
+and spans N = n/k domains. Collectives spanning domains run hierarchically, as NCCL does: the
+NVLink part at the measured intra-domain busbw, the network part through the k NICs of the members
+in each domain; the slower part sets the time (NCCL pipelines the two).
+
+Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer per
+rank, all-gather and reduce-scatter (n-1)/n of the full buffer, all-to-all (n-1)/n.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from costmodel.profiles import HardwareProfile, busbw_at
+from costmodel.specs import ClusterSpec
+
+# A ConnectX-7 at 400 Gb/s reaches 46-49 GB/s of its 50 GB/s (nccl-tests issues #267, #290).
+NIC_EFFICIENCY = 0.92
+# NVLink point-to-point copies reach about 80% of the link rate without a measured curve.
+LINK_EFFICIENCY = 0.80
+# All-to-all cannot aggregate NICs and suffers from incast; nccl-tests #267 (maintainer):
+# expect single-NIC performance per GPU. DeepEP (data/validation/nccl.csv) reaches 43-58 GB/s of
+# 50 GB/s on RDMA but plain NCCL all-to-all in Megatron reaches less; 0.6 of the NIC is assumed.
+A2A_INTER_EFFICIENCY = 0.60
+# Leaf switch radix: nodes behind one leaf (rail) switch before traffic crosses the spine.
+NODES_PER_LEAF = 32
+
+
+def group_span(stride, size, domain: int):
+    """Members per NVLink domain (k) and domains spanned (N) of a group. Broadcasts."""
+    stride = np.asarray(stride, dtype=float)
+    size = np.asarray(size, dtype=float)
+    per_domain = np.maximum(np.floor(domain / np.maximum(stride, 1.0)), 1.0)
+    k = np.minimum(size, per_domain)
+    n_domains = np.ceil(size / k)
+    return k, n_domains
+
+
+def _intra_busbw(profile: HardwareProfile, cluster: ClusterSpec, collective: str, nbytes) -> np.ndarray:
+    nbytes = np.asarray(nbytes, dtype=float)
+    scale = 1.0
+    if cluster.intra_node.bandwidth_bytes_per_s:
+        scale = cluster.intra_node.bandwidth_bytes_per_s / profile.nvlink_bandwidth_bytes_per_s.value
+    link = profile.nvlink_bandwidth_bytes_per_s.value
+    curve = profile.curve(collective, "intra")
+    if curve is not None:
+        return np.maximum(busbw_at(curve, nbytes), 1.0) * scale
+    ar = profile.curve("all_reduce", "intra")
+    if ar is not None and collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        bw = busbw_at(ar, nbytes)
+        if profile.nvls:
+            # NVLS (in-switch reduction) lifts all-reduce busbw above the ring rate; gathers do
+            # not get it: 8x H200 ring 367 vs NVLS 480 GB/s (STAS_H200_NCCLTESTS).
+            bw = np.minimum(bw, LINK_EFFICIENCY * link)
+        if collective == "all_to_all":
+            bw = bw * 0.8
+        return np.maximum(bw, 1.0) * scale
+    # Latency-bandwidth model at LINK_EFFICIENCY of the link rate.
+    size_eff = np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 4e6)
+    return LINK_EFFICIENCY * link * size_eff * scale
+
+
+def _inter_bw_per_gpu(cluster: ClusterSpec, n_domains, nbytes, all_to_all: bool = False) -> np.ndarray:
+    """Network bandwidth per GPU for traffic that leaves the NVLink domain."""
+    nic = cluster.inter_node.nic_bandwidth_bytes_per_s * NIC_EFFICIENCY
+    nbytes = np.asarray(nbytes, dtype=float)
+    size_eff = np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 2e6)
+    bw = nic * size_eff * np.ones_like(np.asarray(n_domains, dtype=float))
+    nodes_spanned = np.asarray(n_domains, dtype=float) * max(cluster.domain_gpus // cluster.gpus_per_node, 1)
+    over = cluster.inter_node.oversubscription
+    if over > 1.0:
+        bw = np.where(nodes_spanned > NODES_PER_LEAF, bw / over, bw)
+    if cluster.topology == "torus":
+        # A ring maps onto a torus dimension at full rate; all-to-all crosses the bisection,
+        # which for a 3-D torus of N nodes shrinks as N^(1/3) relative to a fat tree.
+        if all_to_all:
+            bw = bw / np.maximum(1.0, np.cbrt(nodes_spanned) / 2.0)
+    if all_to_all:
+        bw = bw * A2A_INTER_EFFICIENCY
+    return bw
+
+
+def collective_time_s(profile: HardwareProfile, cluster: ClusterSpec, collective: str,
+                      nbytes, size, k, n_domains) -> np.ndarray:
+    """Time of one collective over ``size`` ranks laid out as k per domain over n_domains domains.
+
+    ``nbytes``: all_reduce - the buffer; all_gather/reduce_scatter - the full (gathered) buffer;
+    all_to_all - what one rank sends in total (its own share included); send_recv - the message.
+    """
+    nbytes = np.asarray(nbytes, dtype=float)
+    size = np.asarray(size, dtype=float)
+    k = np.asarray(k, dtype=float)
+    n_domains = np.asarray(n_domains, dtype=float)
+    lat = profile.collective_latency_s
+    if collective == "send_recv":
+        intra = nbytes / (_intra_busbw(profile, cluster, "send_recv", nbytes)
+                          if profile.curve("send_recv", "intra") else
+                          LINK_EFFICIENCY * profile.nvlink_bandwidth_bytes_per_s.value)
+        inter = nbytes / _inter_bw_per_gpu(cluster, n_domains, nbytes) + cluster.inter_node.latency_s
+        return np.where(n_domains > 1, inter, intra) + lat * 0.5
+    if collective == "all_reduce":
+        f_intra, f_inter = 2 * (k - 1) / np.maximum(k, 1), 2 * (n_domains - 1) / np.maximum(n_domains, 1)
+    else:
+        f_intra, f_inter = (k - 1) / np.maximum(k, 1), (n_domains - 1) / np.maximum(n_domains, 1)
+    if collective == "all_to_all":
+        # Share of a rank's data that stays in its domain vs crosses the network.
+        f_intra = (k - 1) / np.maximum(size, 1)
+        f_inter = (size - k) / np.maximum(size, 1)
+        t_intra = nbytes * f_intra / _intra_busbw(profile, cluster, "all_to_all", nbytes)
+        t_inter = nbytes * f_inter / _inter_bw_per_gpu(cluster, n_domains, nbytes, all_to_all=True)
+        t = np.maximum(t_intra, t_inter)
+    else:
+        busbw = _intra_busbw(profile, cluster, collective, nbytes / np.maximum(n_domains, 1))
+        t_intra = nbytes * f_intra / busbw
+        # Network part: each domain moves f_inter of the (domain-reduced) buffer through its k NICs.
+        t_inter = (nbytes / np.maximum(k, 1)) * f_inter / _inter_bw_per_gpu(cluster, n_domains, nbytes / k)
+        t = np.maximum(t_intra, t_inter) + 0.2 * np.minimum(t_intra, t_inter)
+    t = t + lat * np.where(n_domains > 1, 2.0, 1.0)
+    return np.where((size > 1) & (nbytes > 0), t, 0.0)
+
+
+def topology_graph(cluster: ClusterSpec) -> nx.Graph:
+    """The cluster as a graph: GPUs, NVLink-domain switches, leaf (rail) switches and a spine.
+
+    Edge attribute ``bandwidth_bytes_per_s`` is the per-direction link rate. Used to report which
+    links a group crosses and to count hops; the collective formulas above use its aggregate shape.
+    """
+    g = nx.Graph()
+    domain = cluster.domain_gpus
+    nic = cluster.inter_node.nic_bandwidth_bytes_per_s
+    n_domains = max(1, cluster.num_gpus // domain)
+    for d in range(n_domains):
+        sw = f"nvswitch{d}"
+        g.add_node(sw, kind="nvswitch")
+        for i in range(domain):
+            gpu = d * domain + i
+            g.add_node(gpu, kind="gpu", domain=d)
+            g.add_edge(gpu, sw, bandwidth_bytes_per_s=cluster.intra_node.bandwidth_bytes_per_s or 0.0,
+                       link="nvlink")
+    gpn = cluster.gpus_per_node
+    if cluster.topology == "torus":
+        side = max(1, round(n_domains ** (1 / 3)))
+        for d in range(n_domains):
+            for step in (1, side, side * side):
+                e = (d + step) % n_domains
+                if e != d:
+                    g.add_edge(f"nvswitch{d}", f"nvswitch{e}", bandwidth_bytes_per_s=nic * gpn, link="torus")
+        return g
+    rails = cluster.inter_node.rails
+    leaves = max(1, -(-n_domains * max(domain // gpn, 1) // NODES_PER_LEAF))
+    g.add_node("spine", kind="spine")
+    for leaf in range(leaves):
+        for r in range(rails if cluster.topology == "rail-optimised" else 1):
+            name = f"leaf{leaf}.rail{r}"
+            g.add_node(name, kind="leaf")
+            g.add_edge(name, "spine", bandwidth_bytes_per_s=nic * NODES_PER_LEAF / cluster.inter_node.oversubscription,
+                       link="spine")
+    for gpu in range(cluster.num_gpus):
+        node = gpu // gpn
+        leaf = node // NODES_PER_LEAF
+        rail = (gpu % gpn) % rails if cluster.topology == "rail-optimised" else 0
+        g.add_edge(gpu, f"leaf{leaf}.rail{rail}", bandwidth_bytes_per_s=nic, link="nic")
+    return g

@@ -1,0 +1,426 @@
+"""estimate(model, cluster, plans) -> step time, breakdown and memory, vectorised over plans.
+
+The step is built bottom-up for one micro-batch on one rank of each pipeline stage:
+  layer forward  = GEMMs + flash attention + memory-bound kernels + exposed TP / CP / EP comm
+  layer backward = 2x GEMMs + attention backward + 2x memory-bound + exposed comm
+  recompute      = a layer forward (full) or the attention core (selective)
+then the pipeline schedule (pipeline.py) turns stage times into the step, and the data-parallel
+gradient / parameter collectives add what the overlap with the last backward / first forward does
+not hide, plus the optimizer step. Both bounds are reported: every overlappable collective hidden
+(lower) and none hidden (upper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from costmodel import comm, compute, memory, pipeline
+from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
+from costmodel.profiles import HardwareProfile, load_profile
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
+
+# What each framework generation overlaps (fraction of the overlappable communication left exposed).
+# megatron-core with --tp-comm-overlap (userbuffers) hides most TP traffic behind the GEMMs;
+# Megatron-LM of 2020/2021 ran TP all-reduces and the DP all-reduce without overlap
+# (Narayanan et al. 2021 Sec. 4; Korthikanti et al. 2022 Sec. 5 added none).
+FRAMEWORK = {
+    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5},
+    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
+    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
+    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5},
+}
+# Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
+STEP_OVERHEAD_S = 0.02
+# Host-device synchronisation and launch overhead of one MoE layer pass (router top-k, token-count
+# exchange of the dropless all-to-all dispatcher, permutation kernels, grouped-GEMM launch).
+MOE_LAYER_OVERHEAD_S = 250e-6
+# Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
+P2P_FIXED_S = 60e-6
+
+
+@dataclass
+class PlanArrays:
+    """Columns of candidate plans, one entry per plan (the vectorised form of ParallelPlan)."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    sp: np.ndarray
+    micro_batch: np.ndarray
+    global_batch: np.ndarray
+    recompute: np.ndarray
+    recompute_layers: np.ndarray
+    distributed_optimizer: np.ndarray
+    zero_stage: np.ndarray
+    stage_layers: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_columns(cls, n: int | None = None, **cols) -> PlanArrays:
+        n = n or max(np.size(v) for v in cols.values())
+        defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
+                        recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1)
+        out = {}
+        for f in fields(cls):
+            if f.name == "stage_layers":
+                out[f.name] = cols.get("stage_layers")
+                continue
+            v = cols.get(f.name, defaults[f.name])
+            dtype = bool if f.name in ("sp", "distributed_optimizer") else float
+            out[f.name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
+        return cls(**out)
+
+    @classmethod
+    def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
+        cols = {name: [getattr(p, name) for p in plans] for name in
+                ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
+                 "distributed_optimizer", "zero_stage")}
+        cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
+        cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
+        cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
+        arrays = cls.from_columns(len(plans), **cols)
+        if any(p.layers_per_stage for p in plans):
+            max_pp = max(p.pp for p in plans)
+            sl = np.zeros((len(plans), max_pp))
+            for i, p in enumerate(plans):
+                if p.layers_per_stage:
+                    sl[i, : p.pp] = p.layers_per_stage
+                else:
+                    sl[i] = np.nan
+            arrays.stage_layers = sl
+        return arrays
+
+
+def _stage_layers(model: ModelSpec, a: PlanArrays) -> np.ndarray:
+    max_pp = int(a.pp.max())
+    even = pipeline.stage_split_even(model.layers, a.pp.astype(int), max_pp)
+    if a.stage_layers is None:
+        return even
+    sl = a.stage_layers
+    if sl.shape[1] < max_pp:
+        sl = np.pad(sl, ((0, 0), (0, max_pp - sl.shape[1])))
+    return np.where(np.isnan(sl[:, :1]), even, sl[:, :max_pp])
+
+
+def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
+                    profile: HardwareProfile | None = None, framework: str = "megatron-core",
+                    moe_imbalance: float = 1.0) -> dict[str, np.ndarray]:
+    """Score every plan in ``a``. Returns arrays keyed by quantity (per plan, or per plan and stage)."""
+    prof = profile or load_profile(cluster.gpu)
+    fw = FRAMEWORK[framework]
+    cal = prof.calibration
+    dtype = compute.gemm_dtype(model.precision)
+    fp8 = dtype in ("fp8", "fp4")
+    D = cluster.domain_gpus
+    h, s = model.hidden, model.seq_len
+    tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
+    ep, etp, sp, mbs = a.ep, a.etp, a.sp & (a.tp > 1), a.micro_batch
+    n = len(a)
+    m = np.maximum(np.floor(a.global_batch / (dp * mbs)), 1.0)
+    tokens = mbs * s / cp                      # tokens of this rank's sequence shard per micro-batch
+    dims = attention_proj_dims(model)
+
+    # ---- group placement (rank order tp-cp-ep-dp-pp; experts etp-ep-edp) -------------------
+    tp_k, tp_N = comm.group_span(1, tp, D)
+    cp_k, cp_N = comm.group_span(tp, cp, D)
+    dp_size = dp * cp                           # gradients reduce over dp x cp
+    dp_k, dp_N = comm.group_span(tp, dp_size, D)
+    ep_k, ep_N = comm.group_span(etp, ep, D)
+    edp = np.maximum(tp * cp * dp / (ep * etp), 1.0)
+    edp_k, edp_N = comm.group_span(ep * etp, edp, D)
+    pp_k, pp_N = comm.group_span(tp * cp * dp, pp, D)
+
+    # ---- one dense layer, forward, per micro-batch ------------------------------------------
+    def gemm(flops, min_dim):
+        return compute.gemm_time_s(prof, dtype, flops, min_dim)
+
+    attn_proj_flops = 2.0 * tokens * dims["params"] / tp
+    attn_min = np.minimum.reduce([tokens, np.full(n, float(h)), dims["qkv_out"] / tp, dims["o_in"] / tp])
+    t_attn_proj = gemm(attn_proj_flops, attn_min)
+    core_flops = 2.0 * tokens * s * model.heads * (dims["qk_head_dim"] + dims["v_head_dim"]) * 0.5 / tp
+    t_core_f, t_core_b = compute.attention_time_s(prof, core_flops, s / cp, dims["qk_head_dim"])
+    if not fw["flash"]:
+        # Unfused attention (2020-2022 Megatron): batched GEMMs plus softmax/dropout over the
+        # a*s*s score matrix in fp16, read and written about five times forward, twice that backward.
+        score_bytes = 10.0 * model.heads * tokens * s / tp
+        t_core_f = gemm(core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
+            compute.memory_bound_time_s(prof, score_bytes)
+        t_core_b = 2 * gemm(core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
+            compute.memory_bound_time_s(prof, 2 * score_bytes)
+
+    ln_tokens = np.where(sp, tokens / tp, tokens)          # LN / residual run on the SP shard
+    gpt_dropout = 0.0 if model.gated_mlp else 1.0
+    elem_attn = ln_tokens * (4 * h + 6 * h + gpt_dropout * 5 * h) + tokens * (2 * dims["qkv_out"]) / tp
+    if fp8:
+        elem_attn = elem_attn + tokens * 1.5 * (h + dims["o_in"] / tp)
+
+    def mlp_block(ffn, tok, width_div):
+        flops = 2.0 * tok * mlp_params(model, ffn) / width_div
+        mn = np.minimum.reduce([tok, np.full(n, float(h)), np.full(n, float(ffn)) / width_div])
+        elems = tok * ((3 if model.gated_mlp else 2) * ffn) / width_div
+        if fp8:
+            elems = elems + tok * 1.5 * (h + ffn / width_div)
+        return gemm(flops, mn), elems
+
+    t_mlp_dense, elem_mlp_dense = mlp_block(model.ffn_hidden, tokens, tp)
+    mb_bytes_dense = 2.0 * (elem_attn + elem_mlp_dense)
+
+    # TP collectives: with SP 2 all-gathers + 2 reduce-scatters per pass, else 2 all-reduces.
+    act_bytes = tokens * h * 2.0
+    t_ag = comm.collective_time_s(prof, cluster, "all_gather", act_bytes, tp, tp_k, tp_N)
+    t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, tp_k, tp_N)
+    t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, tp_k, tp_N)
+    t_tp = np.where(sp, 2 * (t_ag + t_rs), 2 * t_ar)
+    t_tp_exposed = t_tp * fw["tp_exposed"] * cal.comm_exposed
+
+    # CP: ring exchange of K and V, (cp-1) steps, overlapped with the attention chunks.
+    kv_bytes = tokens * 2 * model.kv_head_count * dims["qk_head_dim"] * 2.0 / tp
+    if model.mla_kv_lora_rank:
+        kv_bytes = tokens * 2 * model.heads * dims["qk_head_dim"] * 2.0 / tp
+    t_cp_f = (cp - 1) * comm.collective_time_s(prof, cluster, "send_recv", kv_bytes, cp, cp_k, cp_N)
+    cp_exp_f = np.where(cp > 1, np.maximum(t_cp_f - t_core_f, 0.0) + 0.1 * t_cp_f, 0.0)
+    cp_exp_b = np.where(cp > 1, np.maximum(2 * t_cp_f - t_core_b, 0.0) + 0.1 * t_cp_f, 0.0)
+
+    mb_f = compute.memory_bound_time_s(prof, mb_bytes_dense)
+    dense_f = t_attn_proj + t_mlp_dense + t_core_f + mb_f + t_tp_exposed + cp_exp_f
+    dense_b = 2 * (t_attn_proj + t_mlp_dense) + t_core_b + 2 * mb_f + t_tp_exposed + cp_exp_b
+    dense_comm_f = t_tp + t_cp_f
+    dense_comm_b = t_tp + 2 * t_cp_f
+
+    # ---- one MoE layer ------------------------------------------------------------------------
+    if model.is_moe:
+        k_top, E = model.moe_topk, model.num_experts
+        shared_ffn = model.shared_experts * model.expert_ffn
+        t_shared, elem_shared = (mlp_block(shared_ffn, tokens, tp) if shared_ffn else (0.0, 0.0))
+        router_flops = 2.0 * tokens * h * E / tp
+        t_router = gemm(router_flops, np.minimum(E, h))
+        # Routed experts: tokens owned by the rank (tokens/tp with SP) go to k experts; balanced,
+        # each expert holds tokens*k*ep/(tp*E) of them; the hottest rank sets the pace.
+        own = tokens / tp
+        per_expert = own * k_top * ep / E * moe_imbalance
+        exp_flops = 2.0 * own * k_top * mlp_params(model, model.expert_ffn) / etp * moe_imbalance
+        mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
+        t_experts = gemm(exp_flops, mn)
+        elem_exp = own * k_top * moe_imbalance * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
+                                                  + 4 * h)  # activation + permute/unpermute copies
+        if fp8:
+            elem_exp = elem_exp + own * k_top * 1.5 * (h + model.expert_ffn / etp)
+        mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared + elem_exp + own * E * 3))
+        a2a_bytes = own * k_top * h * 2.0 * moe_imbalance
+        t_a2a = 2 * comm.collective_time_s(prof, cluster, "all_to_all", a2a_bytes, ep, ep_k, ep_N)
+        t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
+        moe_gemm = t_attn_proj + t_shared + t_router + t_experts
+        moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed
+        moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed
+        moe_comm = t_tp + t_a2a
+    else:
+        moe_f = moe_b = moe_comm = np.zeros(n)
+        t_a2a = np.zeros(n)
+
+    # ---- recompute ------------------------------------------------------------------------------
+    rc = a.recompute
+    rec_dense = np.where(rc == 2, dense_f, np.where(rc == 1, t_core_f, 0.0))
+    rec_moe = np.where(rc == 2, moe_f, np.where(rc == 1, t_core_f, 0.0))
+
+    # ---- stages -----------------------------------------------------------------------------------
+    SL = _stage_layers(model, a)
+    P = SL.shape[1]
+    valid = np.arange(P)[None, :] < pp[:, None]
+    n_dense = pipeline.dense_layers_per_stage(SL, model.dense_layers) if model.is_moe else SL
+    n_moe = SL - n_dense
+    rl = np.where(a.recompute_layers[:, None] < 0, SL, np.minimum(a.recompute_layers[:, None], SL))
+    rec_frac = np.where(SL > 0, rl / np.maximum(SL, 1), 0.0)
+    col = lambda x: np.asarray(x, dtype=float)[:, None]  # noqa: E731
+    stage_f = n_dense * col(dense_f) + n_moe * col(moe_f)
+    stage_b = n_dense * col(dense_b) + n_moe * col(moe_b)
+    stage_rec = rec_frac * (n_dense * col(rec_dense) + n_moe * col(rec_moe))
+
+    # Edge stages: embedding on the first, LM head + cross-entropy on the last.
+    logit_flops = 2.0 * tokens * h * model.vocab / tp
+    t_logit = gemm(logit_flops, np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
+    t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * 4.0 * 3)
+    t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * 2.0 * 3)
+    first = np.arange(P)[None, :] == 0
+    last = np.arange(P)[None, :] == (pp[:, None] - 1)
+    stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
+    stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
+
+    # Pipeline hops: activation send/recv per chunk and micro-batch, forward and backward.
+    p2p_bytes = tokens * h * 2.0 / np.where(sp, tp, 1.0)
+    t_p2p = comm.collective_time_s(prof, cluster, "send_recv", p2p_bytes, 2 * np.ones(n), np.ones(n),
+                                   np.where(pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
+    p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * fw["p2p_exposed"] * cal.comm_exposed, 0.0)
+    stage_time = stage_f + stage_b + stage_rec + col(p2p_stage)
+    pipe_s, bubble_s = pipeline.pipeline_time_s(stage_time, valid, m, vpp)
+
+    # ---- data-parallel gradients / parameters ------------------------------------------------
+    lp_dense = layer_params(model, False)
+    lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
+    emb = embedding_params(model)
+    edge_params = first * emb["embedding"] + last * emb["lm_head"] + \
+        (first & last) * 0.0
+    p_dense_stage = (n_dense * lp_dense["dense"] + n_moe * lp_moe["dense"] + edge_params) / col(tp)
+    p_exp_stage = n_moe * lp_moe["expert"] / col(ep * etp)
+    zero = a.zero_stage
+    distopt = a.distributed_optimizer | (zero >= 1)
+    grad_b = memory.GRAD_BYTES
+    rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * grad_b,
+                                  col(dp_size), col(dp_k), col(dp_N))
+    ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * grad_b,
+                                  col(dp_size), col(dp_k), col(dp_N))
+    ag_d = comm.collective_time_s(prof, cluster, "all_gather", p_dense_stage * memory.WEIGHT_BYTES,
+                                  col(dp_size), col(dp_k), col(dp_N))
+    rs_e = comm.collective_time_s(prof, cluster, "reduce_scatter", p_exp_stage * grad_b,
+                                  col(edp), col(edp_k), col(edp_N))
+    ar_e = comm.collective_time_s(prof, cluster, "all_reduce", p_exp_stage * grad_b,
+                                  col(edp), col(edp_k), col(edp_N))
+    ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * memory.WEIGHT_BYTES,
+                                  col(edp), col(edp_k), col(edp_N))
+    dist = col(distopt)
+    grad_sync = np.where(dist, rs_d + rs_e, ar_d + ar_e)
+    param_sync = np.where(dist, ag_d + ag_e, 0.0)
+    fsdp = col(zero >= 3)
+    # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
+    fsdp_comm = col(m) * (2 * (ag_d + ag_e) + rs_d + rs_e)
+    if fw["dp_overlap"]:
+        # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
+        # (~1/8 of a stage's gradients, Megatron's bucket size relative to a layer stack) stays exposed.
+        last_b = stage_b / col(vpp) + stage_rec / col(vpp)
+        first_f = stage_f / col(vpp)
+        dp_exposed = (np.maximum(grad_sync - last_b, 0.0) + 0.125 * grad_sync
+                      + np.maximum(param_sync - first_f, 0.0) + 0.125 * param_sync) * cal.comm_exposed
+        fsdp_exposed = np.maximum(fsdp_comm - col(m) * (stage_f + stage_b), 0.0) + 0.05 * fsdp_comm
+    else:
+        dp_exposed = grad_sync + param_sync
+        fsdp_exposed = fsdp_comm
+    dp_exposed = np.where(fsdp > 0, fsdp_exposed, dp_exposed)
+    dp_exposed = np.where(valid, dp_exposed, 0.0)
+
+    # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy.
+    shard = np.where(dist, col(dp_size), 1.0)
+    shard_e = np.where(dist, col(edp), 1.0)
+    opt_params = p_dense_stage / shard + p_exp_stage / shard_e
+    t_opt = compute.memory_bound_time_s(prof, opt_params * 34.0)
+    t_opt = np.where(valid, t_opt, 0.0)
+
+    tail = (dp_exposed + t_opt).max(axis=1)
+    step = pipe_s + tail + STEP_OVERHEAD_S
+
+    # Bounds: all overlappable comm hidden vs none hidden.
+    overl_layer = n_dense * col(dense_comm_f + dense_comm_b - 2 * t_tp_exposed) + \
+        n_moe * col(2 * t_tp - 2 * t_tp_exposed)
+    upper = step + (col(m) * np.where(valid, overl_layer, 0.0)).max(axis=1) + \
+        np.where(valid, np.where(fsdp > 0, fsdp_comm, grad_sync + param_sync) - dp_exposed, 0.0).max(axis=1)
+    hidden_now = (col(m) * np.where(valid, n_dense * col(2 * t_tp_exposed) + n_moe * col(2 * t_tp_exposed),
+                                    0.0)).max(axis=1)
+    lower = np.maximum(step - hidden_now - dp_exposed.max(axis=1), 0.0)
+
+    # ---- memory ---------------------------------------------------------------------------------
+    rc_arr = a.recompute
+    act_dense = memory.layer_activation_bytes(model, tokens, tp, sp, rc_arr, fw["flash"], False, cp)
+    act_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, rc_arr, fw["flash"], True, cp)
+               if model.is_moe else np.zeros(n))
+    act_none_dense = memory.layer_activation_bytes(model, tokens, tp, sp, np.zeros(n), fw["flash"], False, cp)
+    act_none_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, np.zeros(n),
+                                                  fw["flash"], True, cp) if model.is_moe else np.zeros(n))
+    # Partial full-recompute: recomputed layers keep their input only, the rest keep everything.
+    full = col(rc_arr == 2)
+    per_mb = np.where(full,
+                      rl * (n_dense / np.maximum(SL, 1) * col(act_dense) + n_moe / np.maximum(SL, 1) * col(act_moe))
+                      + (SL - rl) * (n_dense / np.maximum(SL, 1) * col(act_none_dense)
+                                     + n_moe / np.maximum(SL, 1) * col(act_none_moe)),
+                      n_dense * col(act_dense) + n_moe * col(act_moe))
+    inflight = pipeline.in_flight_microbatches(pp, vpp, m, P)
+    # Working set of the layer being recomputed / computed (one layer's full activations).
+    working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
+    act_bytes_stage = per_mb * inflight + working + last * col(memory.logits_bytes(model, tokens, tp))
+    w_bytes = memory.WEIGHT_BYTES + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
+    p_stage = p_dense_stage + p_exp_stage
+    weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),
+                       p_stage * w_bytes)
+    grads = np.where(col(zero >= 2), p_dense_stage * grad_b / col(dp_size) + p_exp_stage * grad_b / col(edp),
+                     p_stage * grad_b)
+    optim = memory.OPTIMIZER_BYTES * (p_dense_stage / shard + p_exp_stage / shard_e)
+    live = weights + grads + optim + act_bytes_stage
+    buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
+    peak = np.where(valid, live + buffers, 0.0)
+    capacity = prof.memory_bytes.value * prof.usable_memory_fraction
+    fits = (peak <= capacity).all(axis=1)
+
+    mflops = model_flops_per_step(model, a.global_batch)
+    world = tp * pp * dp * cp
+    peak_flops = prof.peak(dtype)
+    i_max = np.argmax(np.where(valid, stage_time, -1.0), axis=1)
+    rows = np.arange(n)
+    return {
+        "step_time_s": step,
+        "step_time_lower_s": np.minimum(lower, step),
+        "step_time_upper_s": np.maximum(upper, step),
+        "pipeline_s": pipe_s,
+        "bubble_s": bubble_s,
+        "compute_s": col(m)[:, 0] * (stage_f + stage_b)[rows, i_max] - col(m)[:, 0] * (
+            n_dense * col(2 * t_tp_exposed + cp_exp_f + cp_exp_b) + n_moe * col(2 * t_tp_exposed + 2 * t_a2a)
+        )[rows, i_max],
+        "recompute_s": col(m)[:, 0] * stage_rec[rows, i_max],
+        "tp_comm_exposed_s": col(m)[:, 0] * (SL * col(2 * t_tp_exposed))[rows, i_max],
+        "cp_comm_exposed_s": col(m)[:, 0] * (SL * col(cp_exp_f + cp_exp_b))[rows, i_max],
+        "ep_comm_exposed_s": col(m)[:, 0] * (n_moe * col(2 * t_a2a))[rows, i_max],
+        "pp_comm_exposed_s": m * p2p_stage,
+        "dp_comm_exposed_s": dp_exposed.max(axis=1),
+        "optimizer_s": t_opt.max(axis=1),
+        "stage_time_s": np.where(valid, stage_time, np.nan),
+        "peak_memory_bytes": np.where(valid, peak, np.nan),
+        "weights_bytes": weights[rows, i_max * 0],
+        "grads_bytes": grads[rows, 0],
+        "optimizer_bytes": optim[rows, 0],
+        "activations_bytes": act_bytes_stage[rows, 0],
+        "buffers_bytes": buffers[rows, 0],
+        "memory_capacity_bytes": np.full(n, capacity),
+        "fits": fits,
+        "model_flops_per_step": mflops,
+        "tokens_per_s_per_gpu": a.global_batch * s / (step * world),
+        "mfu": mflops / (step * world * peak_flops),
+    }
+
+
+BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
+                  "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s")
+
+
+def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
+    stage = out["stage_time_s"][i]
+    peak = out["peak_memory_bytes"][i]
+    return StepEstimate(
+        step_time_s=float(out["step_time_s"][i]),
+        step_time_lower_s=float(out["step_time_lower_s"][i]),
+        step_time_upper_s=float(out["step_time_upper_s"][i]),
+        breakdown_s={k.removesuffix("_s"): float(out[k][i]) for k in BREAKDOWN_KEYS},
+        tokens_per_s_per_gpu=float(out["tokens_per_s_per_gpu"][i]),
+        mfu=float(out["mfu"][i]),
+        model_flops_per_step=float(out["model_flops_per_step"][i]),
+        stage_time_s=tuple(float(x) for x in stage[~np.isnan(stage)]),
+        peak_memory_bytes=tuple(float(x) for x in peak[~np.isnan(peak)]),
+        memory_capacity_bytes=float(out["memory_capacity_bytes"][i]),
+        fits=bool(out["fits"][i]),
+        memory_breakdown_bytes={k.removesuffix("_bytes"): float(out[k][i]) for k in
+                                ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+                                 "buffers_bytes")},
+    )
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
+             profile: HardwareProfile | None = None, moe_imbalance: float = 1.0) -> StepEstimate:
+    """Step time and memory of one plan."""
+    out = estimate_arrays(model, cluster, PlanArrays.from_plans([plan]), profile=profile,
+                          framework=plan.framework, moe_imbalance=moe_imbalance)
+    return to_step_estimate(out, 0)

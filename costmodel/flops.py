@@ -1,0 +1,149 @@
+"""FLOP and parameter counts per transformer layer, with the derivation beside each term.
+
+Conventions: a matmul of (m x k) by (k x n) costs 2*m*k*n FLOPs. ``tokens`` is the number of tokens
+a rank processes in one micro-batch before any tensor split. Everything broadcasts over numpy arrays.
+
+Sources:
+- Narayanan et al. 2021 (arXiv:2104.04473), Eq. 3: F = 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) for a GPT
+  layer stack *with* full recompute (4 passes of 24*B*s*h^2 ...).
+- Korthikanti et al. 2022 (arXiv:2205.05198), Appendix A, Eq. 7: model FLOPs per iteration
+  72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L)) for a GPT (no recompute; 3x forward).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.specs import ModelSpec
+
+
+def attention_proj_dims(model: ModelSpec) -> dict[str, float]:
+    """Widths of the attention projections (per token), GQA and MLA aware.
+
+    Returns q, kv (the K plus V output width), o (the output-projection input width), the
+    parameter count of all attention projections and the head widths used by the core.
+    """
+    h, a, d = model.hidden, model.heads, model.head_width
+    if model.mla_kv_lora_rank:
+        # DeepSeek-V2/V3 multi-head latent attention (Megatron MLASelfAttention):
+        #   q:  h -> q_lora (down) -> a*(d + rope)       (or h -> a*(d+rope) without q_lora)
+        #   kv: h -> kv_lora + rope (down), kv_lora -> a*(d + v_dim) (up)
+        #   o:  a*v_dim -> h
+        r = model.mla_rope_dim
+        v = model.mla_v_head_dim or d
+        ql, kl = model.mla_q_lora_rank, model.mla_kv_lora_rank
+        q_params = (h * ql + ql * a * (d + r)) if ql else h * a * (d + r)
+        kv_params = h * (kl + r) + kl * a * (d + v)
+        o_params = a * v * h
+        return {
+            "params": q_params + kv_params + o_params,
+            "qk_head_dim": d + r,
+            "v_head_dim": v,
+            "qkv_out": a * (d + r) + a * (d + v),
+            "o_in": a * v,
+        }
+    kv = model.kv_head_count
+    return {
+        "params": h * a * d + 2 * h * kv * d + a * d * h,  # Wq, Wk, Wv, Wo
+        "qk_head_dim": d,
+        "v_head_dim": d,
+        "qkv_out": (a + 2 * kv) * d,
+        "o_in": a * d,
+    }
+
+
+def mlp_params(model: ModelSpec, ffn: int) -> int:
+    """Parameters of one MLP of width ffn: 3 matrices when gated (SwiGLU), else 2."""
+    return (3 if model.gated_mlp else 2) * model.hidden * ffn
+
+
+def layer_params(model: ModelSpec, moe: bool) -> dict[str, float]:
+    """Parameters of one layer, split into the part tensor parallelism shards and the expert part."""
+    attn = attention_proj_dims(model)["params"]
+    norms = 2 * model.hidden
+    if not moe:
+        return {"dense": attn + mlp_params(model, model.ffn_hidden) + norms, "expert": 0.0}
+    shared = model.shared_experts * mlp_params(model, model.expert_ffn)
+    router = model.hidden * model.num_experts
+    expert = model.num_experts * mlp_params(model, model.expert_ffn)
+    return {"dense": attn + shared + router + norms, "expert": expert}
+
+
+def embedding_params(model: ModelSpec) -> dict[str, float]:
+    emb = model.vocab * model.hidden
+    pos = model.seq_len * model.hidden if model.learned_position_embeddings else 0
+    head = 0 if model.tied_embeddings else model.vocab * model.hidden
+    return {"embedding": emb + pos, "lm_head": head}
+
+
+def total_params(model: ModelSpec) -> float:
+    dense = layer_params(model, False)
+    moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
+    n_dense = model.layers - model.moe_layers
+    e = embedding_params(model)
+    return (n_dense * (dense["dense"] + dense["expert"])
+            + model.moe_layers * (moe["dense"] + moe["expert"])
+            + e["embedding"] + e["lm_head"] + model.hidden)
+
+
+def active_params(model: ModelSpec) -> float:
+    """Parameters a token passes through (routed experts counted top-k times, embeddings excluded)."""
+    dense = layer_params(model, False)["dense"]
+    n_dense = model.layers - model.moe_layers
+    act = n_dense * dense
+    if model.is_moe:
+        moe = layer_params(model, True)
+        act += model.moe_layers * (moe["dense"] + model.moe_topk * mlp_params(model, model.expert_ffn))
+    return act
+
+
+def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bool = True) -> dict:
+    """Forward FLOPs of one layer for ``tokens`` tokens of sequences of length ``seq_len``.
+
+    Terms (2 FLOPs per multiply-add):
+    - ``gemm``: attention projections 2*T*params_attn + MLP 2*T*params_mlp (dense or shared experts)
+    - ``expert``: routed experts 2*T*k*params_expert_mlp (+ router 2*T*h*E)
+    - ``attn``: the attention core QK^T and PV: 2*T*s*a*(d_qk + d_v), halved when causal
+      (flash attention skips the masked half; Megatron's model-FLOP formula counts it whole).
+    """
+    tokens = np.asarray(tokens, dtype=float)
+    dims = attention_proj_dims(model)
+    attn_proj = 2.0 * tokens * dims["params"]
+    core = 2.0 * tokens * np.asarray(seq_len, dtype=float) * model.heads * (
+        dims["qk_head_dim"] + dims["v_head_dim"])
+    if causal:
+        core = core * 0.5
+    if moe:
+        shared = 2.0 * tokens * model.shared_experts * mlp_params(model, model.expert_ffn)
+        expert = 2.0 * tokens * model.moe_topk * mlp_params(model, model.expert_ffn)
+        router = 2.0 * tokens * model.hidden * model.num_experts
+        return {"gemm": attn_proj + shared + router, "expert": expert, "attn": core}
+    mlp = 2.0 * tokens * mlp_params(model, model.ffn_hidden)
+    return {"gemm": attn_proj + mlp, "expert": np.zeros_like(tokens), "attn": core}
+
+
+def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
+    """Model FLOPs of one optimizer step: 3x forward (fwd + 2x bwd), attention counted non-causal,
+    logits included, no recompute. For a GPT this is exactly Korthikanti Eq. 7."""
+    tokens = np.asarray(global_batch, dtype=float) * model.seq_len
+    n_dense = model.layers - model.moe_layers
+    total = 0.0
+    f = layer_forward_flops(model, tokens, model.seq_len, moe=False, causal=False)
+    total = total + n_dense * (f["gemm"] + f["expert"] + f["attn"])
+    if model.is_moe:
+        f = layer_forward_flops(model, tokens, model.seq_len, moe=True, causal=False)
+        total = total + model.moe_layers * (f["gemm"] + f["expert"] + f["attn"])
+    logits = 2.0 * tokens * model.hidden * model.vocab
+    return 3.0 * (total + logits)
+
+
+def korthikanti_eq7(global_batch, layers, seq_len, hidden, vocab) -> float:
+    """Korthikanti et al. 2022, Appendix A, Eq. 7: 72*B*L*s*h^2*(1 + s/(6h) + V/(12hL))."""
+    B, L, s, h, V = global_batch, layers, seq_len, hidden, vocab
+    return 72.0 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def narayanan_eq3(global_batch, layers, seq_len, hidden, vocab) -> float:
+    """Narayanan et al. 2021, Eq. 3 (counts the recompute forward): 96*B*s*l*h^2*(1 + s/(6h) + V/(16lh))."""
+    B, L, s, h, V = global_batch, layers, seq_len, hidden, vocab
+    return 96.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))

@@ -1,0 +1,82 @@
+"""Memory per pipeline stage: weights, gradients, optimizer state, activations, buffers.
+
+Activations follow Korthikanti et al. 2022 (arXiv:2205.05198), Table 2, generalised to GQA, gated
+MLPs and MoE. Per layer and micro-batch, in bytes, with s*b tokens, hidden h, t = tp:
+  attention: 2h (LN input) + 2h (QKV input) + 2*(q + 2kv) (Q, K, V) + 2*o (attention output)
+             + h (dropout mask, GPT-era models only) + 5*a*s (softmax/dropout of the scores, only
+             without flash attention)
+  MLP:       2h (LN input) + 2h (FC1 input) + 2*f*(2 if gated else 1) (FC1 output)
+             + 2f (activation output) + h (dropout mask, GPT-era)
+For GPT-3 shapes this is the paper's 34*s*b*h + 5*a*s^2*b. Without sequence parallelism the
+LN inputs, GEMM inputs and dropout masks (10*s*b*h) are replicated on each tp rank; with it every
+term is divided by t. Full recomputation keeps only each layer's input (2*s*b*h/t with SP).
+
+Model state per parameter (Megatron mixed precision, Narayanan et al. 2021 / Megatron distributed
+optimizer docs): bf16/fp16 weight 2 bytes, fp32 main gradient 4 bytes, fp32 master weight and two
+Adam moments 12 bytes; the distributed optimizer shards the 12 bytes over dp x cp (experts: over the
+expert data-parallel group), ZeRO-2 also the gradients, ZeRO-3/FSDP also the weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.flops import attention_proj_dims
+from costmodel.specs import ModelSpec
+
+GIB = float(2**30)
+WEIGHT_BYTES = 2.0
+GRAD_BYTES = 4.0
+OPTIMIZER_BYTES = 12.0
+# fp8 recipes (Transformer Engine) keep an fp8 copy of each weight (and its transpose) for the GEMMs.
+FP8_WEIGHT_EXTRA_BYTES = 2.0
+# NCCL, cuBLAS and Transformer Engine workspaces, CUDA context outside the allocator.
+WORKSPACE_BYTES = 1.0 * GIB
+# Caching-allocator fragmentation on top of the live tensors.
+FRAGMENTATION = 0.05
+
+
+def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, moe: bool,
+                           cp) -> np.ndarray:
+    """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
+
+    ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence), ``recompute`` codes:
+    0 none, 1 selective, 2 full.
+    """
+    tokens = np.asarray(tokens, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    sp = np.asarray(sp, dtype=bool)
+    h = model.hidden
+    dims = attention_proj_dims(model)
+    gpt_dropout = not model.gated_mlp  # GPT-era models train with dropout; Llama-style do not.
+    mask = 1.0 if gpt_dropout else 0.0
+    # Terms replicated without SP (LN inputs, GEMM inputs, dropout masks) and terms split by tp.
+    repl = 2 * h + 2 * h + mask * h + 2 * h + 2 * h + mask * h
+    split = 2 * dims["qkv_out"] + 2 * dims["o_in"]
+    if moe:
+        k = model.moe_topk
+        fe = model.expert_ffn
+        gate = 2 if model.gated_mlp else 1
+        # Routed tokens (permuted input, expert FC1 output, activation output) for k experts each,
+        # plus the shared experts; all on tokens the rank owns (tokens/tp with SP).
+        split_moe = (k * (2 * h + 2 * fe * gate + 2 * fe) + 2 * h
+                     + model.shared_experts * (2 * fe * gate + 2 * fe) + 4 * model.num_experts)
+        per_token = np.where(sp, (repl + split) / t + split_moe / t, repl + split / t + split_moe / t)
+    else:
+        f = model.ffn_hidden
+        gate = 2 if model.gated_mlp else 1
+        split = split + 2 * f * gate + 2 * f
+        per_token = np.where(sp, (repl + split) / t, repl + split / t)
+    act = tokens * per_token
+    if not flash:
+        # Korthikanti Table 2: 5*a*s^2*b/t for the materialised scores (softmax output, dropout mask
+        # and output); selective recomputation removes exactly this term.
+        scores = 5.0 * model.heads * tokens * model.seq_len / t
+        act = act + np.where(np.asarray(recompute) >= 1, 0.0, scores)
+    full_input = tokens * 2 * h / np.where(sp, t, 1.0)
+    return np.where(np.asarray(recompute) == 2, full_input, act)
+
+
+def logits_bytes(model: ModelSpec, tokens, tp) -> np.ndarray:
+    """Last stage: fp32 logits and their gradient for one micro-batch (vocab split over tp)."""
+    return np.asarray(tokens, dtype=float) * model.vocab / np.asarray(tp, dtype=float) * 6.0

@@ -1,0 +1,55 @@
+"""Pipeline schedules: the step time of 1F1B and interleaved 1F1B from per-stage micro-batch times.
+
+For p stages with per-micro-batch time t_i (forward + backward) and m micro-batches:
+- 1F1B (Narayanan et al. 2021, Sec. 2.2.1): the slowest stage runs m micro-batches back to back and
+  the others add the fill and drain, T = m * max(t) + (sum(t) - max(t)); with equal stages this is
+  (m + p - 1) * t, a bubble fraction of (p - 1) / m.
+- Interleaved 1F1B with v chunks per stage (Sec. 2.2.2): fill and drain shrink by v,
+  T = m * max(t) + (sum(t) - max(t)) / v, i.e. a bubble of (p - 1) / (v * m).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def stage_split_even(layers: int, pp: np.ndarray, max_pp: int) -> np.ndarray:
+    """Megatron's default split: layers / pp on every stage (the rules reject a remainder).
+
+    Returns an (n_plans, max_pp) array of transformer layers per stage, zero-padded past pp.
+    """
+    pp = np.asarray(pp, dtype=int)
+    idx = np.arange(max_pp)[None, :]
+    per = layers // pp
+    rem = layers - per * pp
+    counts = np.where(idx < pp[:, None], per[:, None], 0)
+    # Any remainder (only for plans the rules reject or uneven imports) goes to the middle stages.
+    counts = counts + np.where((idx >= 1) & (idx < 1 + rem[:, None]), 1, 0)
+    return counts.astype(float)
+
+
+def dense_layers_per_stage(stage_layers: np.ndarray, dense_layers: int) -> np.ndarray:
+    """How many of each stage's layers are among the first ``dense_layers`` (MoE models)."""
+    start = np.cumsum(stage_layers, axis=1) - stage_layers
+    return np.clip(dense_layers - start, 0, stage_layers)
+
+
+def pipeline_time_s(stage_time_s: np.ndarray, valid: np.ndarray, m, vpp) -> tuple[np.ndarray, np.ndarray]:
+    """Step time of the pipelined part and its bubble, from (n_plans, max_pp) stage times."""
+    t = np.where(valid, stage_time_s, 0.0)
+    t_max = t.max(axis=1)
+    fill = (t.sum(axis=1) - t_max) / np.asarray(vpp, dtype=float)
+    m = np.asarray(m, dtype=float)
+    return m * t_max + fill, fill
+
+
+def in_flight_microbatches(pp, vpp, m, max_pp: int) -> np.ndarray:
+    """Micro-batches whose activations stage i holds at its peak under 1F1B (Korthikanti Sec. 4.2.3):
+    stage i keeps p - i; interleaving multiplies the first stage's by 1 + (p-1)/(p*v)."""
+    pp = np.asarray(pp, dtype=float)[:, None]
+    vpp = np.asarray(vpp, dtype=float)[:, None]
+    m = np.asarray(m, dtype=float)[:, None]
+    i = np.arange(max_pp)[None, :]
+    base = np.minimum(m, np.maximum(pp - i, 1.0))
+    inter = np.where(vpp > 1, 1.0 + (pp - 1) / (pp * vpp), 1.0)
+    return base * inter

@@ -1,0 +1,235 @@
+"""Hardware profiles: the schema of ``hardware_profiles/gpus/*.yaml`` and cluster files.
+
+This is the only module of the cost model that reads files. Every number in a profile carries
+a source id that the profile's ``sources`` table resolves to a citation.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.specs import ClusterSpec
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+Scope = Literal["intra", "inter"]
+DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+
+
+class InputError(ValueError):
+    """Bad user input: one line naming the file and field, and what would be valid."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Sourced(_Frozen):
+    """A number with the id of its source."""
+
+    value: float
+    """The number, in the unit its field name says."""
+    source: str
+    """Key into the profile's sources table."""
+
+
+class BusBwCurve(_Frozen):
+    """Measured bus bandwidth (nccl-tests definition) against message size."""
+
+    collective: Collective
+    """Which collective."""
+    scope: Scope
+    """intra = inside one NVLink domain; inter = across nodes."""
+    group_size: int = Field(ge=2)
+    """Ranks in the measured group."""
+    points: tuple[tuple[float, float], ...]
+    """(message bytes, busbw bytes/s) pairs, increasing message size."""
+    source: str
+    """Key into the sources table."""
+
+    @model_validator(mode="after")
+    def _sorted(self) -> BusBwCurve:
+        sizes = [p[0] for p in self.points]
+        if len(sizes) < 2 or sizes != sorted(sizes):
+            raise ValueError("points need at least two entries sorted by message size")
+        return self
+
+
+class Calibration(_Frozen):
+    """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
+
+    gemm_efficiency: float = Field(default=1.0, gt=0)
+    """Multiplier on the GEMM efficiency curve as real training kernels reach it."""
+    fp8_gemm_efficiency: float = Field(default=1.0, gt=0)
+    """Extra multiplier on fp8/fp4 GEMMs (quantisation, scaling overheads)."""
+    memory_bound_efficiency: float = Field(default=0.7, gt=0)
+    """Fraction of HBM bandwidth reached by element-wise kernels."""
+    moe_overhead: float = Field(default=1.0, gt=0)
+    """Multiplier on MoE routing/permutation/grouped-GEMM overheads."""
+    comm_exposed: float = Field(default=1.0, ge=0)
+    """Multiplier on the exposed share of overlappable communication."""
+    fitted_by: str = "defaults (not fitted)"
+    """Script and data that produced these factors."""
+
+
+class HardwareProfile(_Frozen):
+    """One GPU type as the cost model sees it."""
+
+    name: str
+    """Canonical name (file stem)."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings that resolve to this profile (case-insensitive)."""
+    sources: dict[str, str]
+    """Source id -> citation."""
+    memory_bytes: Sourced
+    """HBM capacity."""
+    usable_memory_fraction: float = Field(default=0.95, gt=0, le=1)
+    """Share of HBM the framework can allocate (CUDA context, NCCL, fragmentation take the rest)."""
+    hbm_bandwidth_bytes_per_s: Sourced
+    """HBM bandwidth."""
+    peak_flops: dict[DType, Sourced]
+    """Dense peak FLOP/s per dtype (no sparsity)."""
+    gemm_max_efficiency: dict[DType, Sourced]
+    """Best-shape achieved matmul efficiency (MAMF / peak) per dtype."""
+    gemm_half_efficiency_dim: float = Field(default=512.0, gt=0)
+    """Shape model: efficiency falls as d/(d + this) in the smallest GEMM dimension d."""
+    nvlink_bandwidth_bytes_per_s: Sourced
+    """Unidirectional NVLink bandwidth per GPU."""
+    nvlink_domain_gpus: int = Field(default=8, ge=1)
+    """GPUs per NVLink domain in the reference system."""
+    nvls: bool = False
+    """NVLink SHARP in-switch reductions (all-reduce busbw above link rate)."""
+    nic_bandwidth_bytes_per_s: Sourced
+    """Unidirectional NIC bandwidth per GPU in the reference system."""
+    collective_latency_s: float = Field(default=15e-6, ge=0)
+    """Small-message latency of an NCCL collective inside the domain."""
+    curves: tuple[BusBwCurve, ...] = ()
+    """Measured busbw curves."""
+    gap_model: str = ""
+    """How collectives without a measured curve are filled (text for the reader)."""
+    calibration: Calibration = Calibration()
+    """Fitted efficiency factors."""
+
+    @model_validator(mode="after")
+    def _sources_resolve(self) -> HardwareProfile:
+        used = [self.memory_bytes.source, self.hbm_bandwidth_bytes_per_s.source,
+                self.nvlink_bandwidth_bytes_per_s.source, self.nic_bandwidth_bytes_per_s.source]
+        used += [s.source for s in self.peak_flops.values()]
+        used += [s.source for s in self.gemm_max_efficiency.values()]
+        used += [c.source for c in self.curves]
+        missing = sorted({u for u in used if u not in self.sources})
+        if missing:
+            raise ValueError(f"source ids {missing} are not in the sources table")
+        if "bf16" not in self.peak_flops:
+            raise ValueError("peak_flops needs at least a bf16 entry")
+        return self
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak for a GEMM dtype, falling back to the next wider type."""
+        for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):
+            if d in self.peak_flops:
+                return self.peak_flops[d].value
+        return self.peak_flops["bf16"].value
+
+    def max_efficiency(self, dtype: str) -> float:
+        for d in (dtype, "fp8", "bf16"):
+            if d in self.gemm_max_efficiency:
+                return self.gemm_max_efficiency[d].value
+        return 0.75
+
+    def curve(self, collective: str, scope: str) -> BusBwCurve | None:
+        best = None
+        for c in self.curves:
+            if c.collective == collective and c.scope == scope:
+                if best is None or c.group_size > best.group_size:
+                    best = c
+        return best
+
+
+def _one_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    return f"field '{loc}': {e['msg']}"
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise InputError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a mapping of fields at the top level")
+    return data
+
+
+def profile_paths(root: Path = PROFILE_DIR) -> list[Path]:
+    return sorted((root / "gpus").glob("*.yaml"))
+
+
+@lru_cache(maxsize=64)
+def _load_profile_file(path: Path) -> HardwareProfile:
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as err:
+        raise InputError(f"{path}: {_one_line(err)}") from None
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile:
+    """A profile by file path, canonical name or alias (case and punctuation ignored)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return _load_profile_file(p.resolve())
+    want = _norm(name_or_path)
+    for path in profile_paths(root):
+        prof = _load_profile_file(path)
+        if want in {_norm(prof.name), *(_norm(a) for a in prof.aliases)}:
+            return prof
+    names = [path.stem for path in profile_paths(root)]
+    raise InputError(f"unknown GPU type {name_or_path!r}; valid: {', '.join(names)}")
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """A cluster YAML by path (or by name of a shipped file in hardware_profiles/clusters/)."""
+    p = Path(path)
+    if not p.exists():
+        shipped = PROFILE_DIR / "clusters" / (p.name if p.suffix else f"{p.name}.yaml")
+        if shipped.exists():
+            p = shipped
+        else:
+            names = sorted(x.name for x in (PROFILE_DIR / "clusters").glob("*.yaml"))
+            raise InputError(f"{path}: cluster file not found; shipped clusters: {', '.join(names)}")
+    data = _read_yaml(p)
+    data.setdefault("name", p.stem)
+    try:
+        cluster = ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise InputError(f"{p}: {_one_line(err)}") from None
+    try:
+        load_profile(cluster.gpu)
+    except InputError as err:
+        raise InputError(f"{p}: field 'gpu': {err}") from None
+    return cluster
+
+
+def busbw_at(curve: BusBwCurve, message_bytes: np.ndarray) -> np.ndarray:
+    """Bus bandwidth at each message size, interpolated on a log-size axis (clamped at the ends)."""
+    xs = np.log2([p[0] for p in curve.points])
+    ys = np.array([p[1] for p in curve.points])
+    return np.interp(np.log2(np.maximum(message_bytes, 1.0)), xs, ys)

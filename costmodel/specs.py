@@ -1,0 +1,281 @@
+"""Specs shared by every room of the house: model, cluster, parallel plan and the estimates.
+
+All specs are frozen pydantic v2 models. Units are in the field names (``_bytes``, ``_s``,
+``_bytes_per_s``, ``_flops``); degrees are named ``tp pp vpp dp cp ep etp`` as in Megatron.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
+RecomputeMode = Literal["none", "selective", "full"]
+Topology = Literal["fat-tree", "rail-optimised", "torus"]
+Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml"]
+
+PRECISION_ALIASES: dict[str, str] = {
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "fp16": "fp16",
+    "fp16-mixed": "fp16",
+    "fp8": "fp8",
+    "fp8-cs": "fp8",
+    "fp8-ds": "fp8",
+    "fp8_unspecified": "fp8",
+    "fp8-mixed": "fp8",
+    "mxfp8": "mxfp8",
+    "nvfp4": "nvfp4",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Frozen):
+    """A decoder-only transformer (GPT / Llama / MoE family) as Megatron builds it."""
+
+    name: str = "custom"
+    """Catalog name or a free label."""
+    layers: int = Field(ge=1)
+    """Number of transformer layers."""
+    hidden: int = Field(ge=1)
+    """Model (residual stream) width h."""
+    ffn_hidden: int = Field(ge=1)
+    """FFN width of a dense layer (for MoE models: the width of the dense layers, if any)."""
+    heads: int = Field(ge=1)
+    """Number of query attention heads a."""
+    kv_heads: int | None = Field(default=None, ge=1)
+    """Number of key/value heads (GQA); None means multi-head attention (= heads)."""
+    head_dim: int | None = Field(default=None, ge=1)
+    """Per-head width; None means hidden / heads."""
+    vocab: int = Field(ge=1)
+    """Vocabulary size (padded as Megatron pads it is close enough for costing)."""
+    seq_len: int = Field(ge=1)
+    """Training sequence length s (tokens)."""
+    gated_mlp: bool = True
+    """SwiGLU-style gated MLP (three weight matrices) instead of the GPT two-matrix MLP."""
+    tied_embeddings: bool = False
+    """Input embedding and LM head share one matrix."""
+    learned_position_embeddings: bool = False
+    """GPT-2/3 style learned absolute position embedding table (s x h)."""
+    num_experts: int = Field(default=0, ge=0)
+    """Routed experts per MoE layer; 0 for a dense model."""
+    moe_topk: int = Field(default=0, ge=0)
+    """Routed experts each token goes to."""
+    moe_ffn_hidden: int | None = Field(default=None, ge=1)
+    """FFN width of one routed expert."""
+    shared_experts: int = Field(default=0, ge=0)
+    """Shared (always-on) experts per MoE layer, each of width moe_ffn_hidden."""
+    dense_layers: int = Field(default=0, ge=0)
+    """Leading dense layers before the MoE layers (DeepSeek's first_k_dense_replace)."""
+    mla_kv_lora_rank: int | None = Field(default=None, ge=1)
+    """Multi-head latent attention: compressed KV rank (DeepSeek-V2/V3); None = standard attention."""
+    mla_q_lora_rank: int | None = Field(default=None, ge=1)
+    """Multi-head latent attention: compressed Q rank (None = no Q compression)."""
+    mla_rope_dim: int = Field(default=64, ge=0)
+    """Multi-head latent attention: decoupled RoPE head width."""
+    mla_v_head_dim: int | None = Field(default=None, ge=1)
+    """Multi-head latent attention: value head width (None = head_dim)."""
+    precision: Precision = "bf16"
+    """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _alias_precision(cls, v: str) -> str:
+        key = str(v).strip().lower()
+        if key in PRECISION_ALIASES:
+            return PRECISION_ALIASES[key]
+        raise ValueError(f"unknown precision {v!r}; valid: {sorted(set(PRECISION_ALIASES))}")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_experts:
+            if not self.moe_topk or self.moe_topk > self.num_experts:
+                raise ValueError(
+                    f"moe_topk={self.moe_topk} must be in 1..num_experts={self.num_experts}"
+                )
+            if self.dense_layers > self.layers:
+                raise ValueError(f"dense_layers={self.dense_layers} exceeds layers={self.layers}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        return self
+
+    # Derived shapes -----------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def kv_head_count(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+
+class InterNodeFabric(_Frozen):
+    """The scale-out network between NVLink domains."""
+
+    name: str = "InfiniBand NDR"
+    """Fabric name, for reports."""
+    nic_bandwidth_bytes_per_s: float = Field(gt=0)
+    """Unidirectional NIC bandwidth per GPU (400 Gb/s NDR = 50e9)."""
+    rails: int = Field(default=8, ge=1)
+    """NICs (rails) per node."""
+    latency_s: float = Field(default=5e-6, ge=0)
+    """One-hop latency of a small message across the fabric."""
+    oversubscription: float = Field(default=1.0, ge=1.0)
+    """Core oversubscription of the fat tree (1.0 = full bisection)."""
+
+
+class IntraNodeFabric(_Frozen):
+    """The scale-up fabric inside one NVLink domain."""
+
+    name: str = "NVLink"
+    """Fabric name, for reports."""
+    bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    """Unidirectional bandwidth per GPU; None takes the GPU profile's NVLink figure."""
+
+
+class DeviceGroup(_Frozen):
+    """One homogeneous part of a heterogeneous cluster."""
+
+    name: str
+    """Label used in plans and reports."""
+    gpu: str
+    """Hardware profile name of this group's GPUs."""
+    nodes: int = Field(ge=1)
+    """Nodes in the group."""
+    gpus_per_node: int = Field(ge=1)
+    """GPUs per node in the group."""
+
+
+class ClusterSpec(_Frozen):
+    """A training cluster: how many GPUs of which profile, joined by which fabrics."""
+
+    name: str = "cluster"
+    """Label for reports."""
+    gpu: str
+    """Hardware profile name (a file in hardware_profiles/gpus/, or an alias of one)."""
+    nodes: int = Field(ge=1)
+    """Number of nodes (servers, or trays for NVL racks)."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs per node."""
+    nvlink_domain_gpus: int | None = Field(default=None, ge=1)
+    """GPUs in one NVLink domain (72 for a GB200 NVL72 rack); None = gpus_per_node."""
+    intra_node: IntraNodeFabric = IntraNodeFabric()
+    """Scale-up fabric."""
+    inter_node: InterNodeFabric
+    """Scale-out fabric."""
+    topology: Topology = "rail-optimised"
+    """Shape of the scale-out network."""
+    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+    """Price of one GPU-hour, for cost estimates."""
+    storage_bandwidth_bytes_per_s: float = Field(default=100e9, gt=0)
+    """Aggregate checkpoint storage write bandwidth."""
+    device_groups: tuple[DeviceGroup, ...] = ()
+    """Heterogeneous clusters: the groups (empty for a homogeneous cluster)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        return self.nvlink_domain_gpus or self.gpus_per_node
+
+
+class ParallelPlan(_Frozen):
+    """One Megatron-style parallel layout and its training knobs."""
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel degree (stages)."""
+    vpp: int = Field(default=1, ge=1)
+    """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel degree."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (sequence split across ranks for attention)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree (MoE layers)."""
+    etp: int = Field(default=1, ge=1)
+    """Expert tensor-parallel degree (MoE layers)."""
+    sequence_parallel: bool = True
+    """Megatron sequence parallelism with tp (all-gather / reduce-scatter instead of all-reduce)."""
+    micro_batch: int = Field(default=1, ge=1)
+    """Micro-batch size (sequences per micro-batch per dp rank)."""
+    global_batch: int = Field(ge=1)
+    """Global batch size (sequences per optimizer step)."""
+    recompute: RecomputeMode = "selective"
+    """Activation recomputation: none, selective (attention core), full (whole layers)."""
+    recompute_layers: int | None = Field(default=None, ge=0)
+    """With full recompute: layers per stage recomputed (None = all)."""
+    distributed_optimizer: bool = True
+    """Megatron distributed optimizer (ZeRO-1 style optimizer-state sharding over dp x cp)."""
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    """ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)."""
+    layers_per_stage: tuple[int, ...] | None = None
+    """Transformer layers on each pipeline stage (uneven splits); None = even split."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Order of degrees in the rank layout, innermost first (Megatron's default)."""
+    framework: Framework = "megatron-core"
+    """Which framework generation runs the plan (sets overlap behaviour)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelPlan:
+        if self.layers_per_stage is not None and len(self.layers_per_stage) != self.pp:
+            raise ValueError(
+                f"layers_per_stage has {len(self.layers_per_stage)} entries but pp={self.pp}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        return max(1, self.global_batch // (self.dp * self.micro_batch))
+
+
+class StepEstimate(_Frozen):
+    """Predicted step of one plan: time, its breakdown, throughput and memory."""
+
+    step_time_s: float
+    """Wall time of one optimizer step."""
+    step_time_lower_s: float
+    """Lower bound: every overlappable communication fully hidden."""
+    step_time_upper_s: float
+    """Upper bound: no communication overlapped."""
+    breakdown_s: dict[str, float]
+    """Seconds per component (compute, recompute, bubble, exposed comm per group, optimizer, ...)."""
+    tokens_per_s_per_gpu: float
+    """Training throughput."""
+    mfu: float
+    """Model FLOPs utilisation against the dense peak of the training precision."""
+    model_flops_per_step: float
+    """Model FLOPs of one step (no recompute)."""
+    stage_time_s: tuple[float, ...]
+    """Forward+backward time of one micro-batch on each pipeline stage."""
+    peak_memory_bytes: tuple[float, ...]
+    """Peak memory per pipeline stage."""
+    memory_capacity_bytes: float
+    """Usable memory of one GPU."""
+    fits: bool
+    """Whether every stage's peak fits the GPU."""
+    memory_breakdown_bytes: dict[str, float]
+    """Peak-stage memory per component (weights, grads, optimizer, activations, buffers)."""

@@ -1,0 +1,346 @@
+"""The model catalog and the Hugging Face config.json import."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import catalog, catalog_names, from_hf_config, get_model
+from costmodel.profiles import InputError
+from costmodel.specs import ModelSpec
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+
+
+# Parameter counting (test-local, independent of the cost model) ---------------------------
+def _attention_params(m: ModelSpec) -> int:
+    h, a, d = m.hidden, m.heads, m.head_width
+    if m.mla_kv_lora_rank is not None:
+        # DeepSeek-V2/V3 MLA: q down/up (or a full q projection), joint kv down + rope key,
+        # kv up to per-head nope-keys and values, output projection, and the two latent norms.
+        r = m.mla_rope_dim
+        v = m.mla_v_head_dim or d
+        kv = m.mla_kv_lora_rank
+        if m.mla_q_lora_rank is not None:
+            q = h * m.mla_q_lora_rank + m.mla_q_lora_rank * a * (d + r) + m.mla_q_lora_rank
+        else:
+            q = h * a * (d + r)
+        kv_proj = h * (kv + r) + kv * a * (d + v) + kv
+        return q + kv_proj + a * v * h
+    kv_heads = m.kv_head_count
+    return h * a * d + 2 * h * kv_heads * d + a * d * h  # q, k, v (GQA), o
+
+
+def _mlp_params(h: int, ffn: int, gated: bool) -> int:
+    return (3 if gated else 2) * h * ffn
+
+
+def param_count(m: ModelSpec, *, active: bool = False, count_input_embedding: bool = True) -> int:
+    """Weights of a decoder-only model (biases ignored): embeddings + layers + final norm.
+
+    ``active`` counts only the experts one token goes through (top-k routed + shared).
+    """
+    h = m.hidden
+    per_layer_common = _attention_params(m) + 2 * h  # two pre-norms per layer
+    dense = _mlp_params(h, m.ffn_hidden, m.gated_mlp)
+    total = m.layers * per_layer_common
+    if m.is_moe:
+        experts = (m.moe_topk if active else m.num_experts) + m.shared_experts
+        moe = experts * _mlp_params(h, m.expert_ffn, m.gated_mlp) + h * m.num_experts  # + router
+        total += m.dense_layers * dense + m.moe_layers * moe
+    else:
+        total += m.layers * dense
+    emb = m.vocab * h
+    total += (emb if count_input_embedding else 0) + (0 if m.tied_embeddings else emb)
+    if m.learned_position_embeddings:
+        total += m.seq_len * h
+    return total + h  # final norm
+
+
+# Published sizes. Sources:
+#   Llama 2 7B / 13B: 6.7B / 13.0B, Touvron et al. 2023 "LLaMA", Table 2 (same shapes as Llama 2).
+#   Llama 3 8B / 70B / 405B: HF model cards (8.03B, 70.6B) and Dubey et al. 2024, Table 3 (405B).
+#   GPT-3: 175B, Brown et al. 2020, Table 2.1.
+#   Mixtral 8x7B: 46.7B total / 12.9B active, Mistral AI release post and Jiang et al. 2024.
+#   DeepSeek-V3: 671B total / 37B active, DeepSeek-V3 Technical Report (MTP module excluded).
+#   Qwen3-30B-A3B: 30.5B / 3.3B; Qwen3-235B-A22B: 235B / 22B; Qwen3 Technical Report, Table 2.
+#   gpt-oss-120b: 116.83B total / 5.13B active, OpenAI gpt-oss model card, Table 1.
+#   Nemotron-4 340B: 9.4B embedding + 331.6B non-embedding, Nemotron-4 340B Technical Report.
+#   Llama 2 70B: "70B" (HF model card 69B), Touvron et al. 2023 "Llama 2".
+PUBLISHED_TOTAL = {
+    "7b": 6.74e9,
+    "8b": 8.03e9,
+    "13b": 13.0e9,
+    "70b": 70.6e9,
+    "405b": 405e9,
+    "gpt3-175b": 175e9,
+    "mixtral-8x7b": 46.7e9,
+    "deepseek-v3": 671e9,
+    "qwen3-30b-a3b": 30.5e9,
+    "qwen3-235b-a22b": 235e9,
+    "gpt-oss-120b": 116.83e9,
+    "nemotron4-340b": 341e9,  # "340B": 9.4B embedding + 331.6B non-embedding
+    "llama2-70b": 70e9,
+}
+
+PUBLISHED_ACTIVE = {
+    "mixtral-8x7b": 12.9e9,
+    "deepseek-v3": 37e9,
+    "qwen3-30b-a3b": 3.3e9,
+    "qwen3-235b-a22b": 22e9,
+    "gpt-oss-120b": 5.13e9,  # the model card leaves the embedding lookup out of "active"
+}
+
+
+def test_every_catalog_entry_builds_and_is_covered():
+    cat = catalog()
+    assert list(cat) == catalog_names()
+    assert set(cat) == set(PUBLISHED_TOTAL)
+    for name, spec in cat.items():
+        assert isinstance(spec, ModelSpec)
+        assert spec.name == name
+        assert get_model(name) == spec
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TOTAL))
+def test_parameter_count_matches_published_size(name):
+    got = param_count(get_model(name))
+    want = PUBLISHED_TOTAL[name]
+    assert abs(got - want) / want < 0.03, f"{name}: {got / 1e9:.2f}B vs published {want / 1e9}B"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE))
+def test_active_parameter_count_matches_published_size(name):
+    got = param_count(
+        get_model(name), active=True, count_input_embedding=name != "gpt-oss-120b"
+    )
+    want = PUBLISHED_ACTIVE[name]
+    assert abs(got - want) / want < 0.03, f"{name}: {got / 1e9:.2f}B vs published {want / 1e9}B"
+
+
+def test_nemotron_embedding_split_matches_report():
+    m = get_model("nemotron4-340b")
+    emb = 2 * m.vocab * m.hidden
+    assert abs(emb - 9.4e9) / 9.4e9 < 0.01
+    assert abs(param_count(m) - emb - 331.6e9) / 331.6e9 < 0.01
+
+
+def test_spot_check_architectures():
+    m = get_model("70b")
+    assert (m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.vocab, m.seq_len) == (
+        80, 8192, 28672, 64, 8, 128256, 8192
+    )
+    g = get_model("gpt3-175b")
+    assert not g.gated_mlp and g.learned_position_embeddings and g.seq_len == 2048
+    d = get_model("deepseek-v3")
+    assert d.moe_layers == 58 and d.shared_experts == 1 and d.mla_kv_lora_rank == 512
+    assert d.mla_q_lora_rank == 1536 and d.mla_rope_dim == 64 and d.head_width == 128
+    q = get_model("qwen3-30b-a3b")
+    assert q.dense_layers == 0 and q.moe_layers == 48 and q.expert_ffn == 768
+    assert not get_model("nemotron4-340b").gated_mlp
+
+
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("llama3-70b", "70b"),
+        ("llama-3-70b", "70b"),
+        ("Llama-3-70B", "70b"),
+        ("LLAMA3_70B", "70b"),
+        ("llama3.1-405b", "405b"),
+        ("Llama-3.1-405B", "405b"),
+        ("llama3-8b", "8b"),
+        ("llama2-7b", "7b"),
+        ("llama-2-70b", "llama2-70b"),
+        ("Mixtral-8x7B", "mixtral-8x7b"),
+        ("DeepSeek-V3", "deepseek-v3"),
+        ("GPT-3-175B", "gpt3-175b"),
+        ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
+        ("gpt-oss-120b", "gpt-oss-120b"),
+        ("Nemotron-4-340B", "nemotron4-340b"),
+    ],
+)
+def test_names_are_case_insensitive_with_aliases(alias, name):
+    assert get_model(alias) == catalog()[name]
+
+
+def test_overrides():
+    m = get_model("70b", seq_len=4096, precision="fp8-cs")
+    assert m.seq_len == 4096 and m.precision == "fp8"
+    assert get_model("70b").seq_len == 8192  # the cached entry is untouched
+    with pytest.raises(InputError, match="precision"):
+        get_model("70b", precision="int3")
+    with pytest.raises(InputError, match="seq_len"):
+        get_model("70b", seq_len=0)
+
+
+def test_unknown_name_lists_catalog():
+    with pytest.raises(InputError) as info:
+        get_model("llama-9000b")
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "llama-9000b" in msg
+    for name in catalog_names():
+        assert name in msg
+    assert "or pass the path of a Hugging Face config.json" in msg
+
+
+def test_catalog_attribute_is_lazy_and_complete():
+    import costmodel.catalog as mod
+
+    assert set(mod.CATALOG) == set(catalog_names())
+
+
+# Hugging Face import -----------------------------------------------------------------------
+def test_hf_llama3_8b_matches_catalog():
+    m = from_hf_config(EXAMPLES / "llama3-8b" / "config.json")
+    assert m.name == "llama3-8b"
+    assert m.model_copy(update={"name": "8b"}) == get_model("8b")
+
+
+def test_hf_directory_and_get_model_path():
+    by_dir = get_model(str(EXAMPLES / "llama3-8b"))
+    by_file = get_model(str(EXAMPLES / "llama3-8b" / "config.json"))
+    assert by_dir == by_file == from_hf_config(EXAMPLES / "llama3-8b")
+
+
+def test_hf_mixtral():
+    path = EXAMPLES / "mixtral-8x7b" / "config.json"
+    m = from_hf_config(path)
+    assert m.seq_len == 8192  # min(max_position_embeddings 32768, 8192)
+    assert (m.num_experts, m.moe_topk, m.moe_ffn_hidden, m.shared_experts, m.dense_layers) == (
+        8, 2, 14336, 0, 0
+    )
+    assert not m.tied_embeddings and m.gated_mlp
+    m4k = get_model(str(path), seq_len=4096, precision="bf16-mixed")
+    assert m4k.model_copy(update={"name": "mixtral-8x7b"}) == get_model("mixtral-8x7b")
+
+
+def test_hf_deepseek_v3():
+    m = from_hf_config(EXAMPLES / "deepseek-v3")
+    ref = get_model("deepseek-v3")
+    for field in (
+        "layers", "hidden", "ffn_hidden", "heads", "head_dim", "vocab", "num_experts",
+        "moe_topk", "moe_ffn_hidden", "shared_experts", "dense_layers", "mla_kv_lora_rank",
+        "mla_q_lora_rank", "mla_rope_dim", "mla_v_head_dim", "gated_mlp", "tied_embeddings",
+    ):
+        assert getattr(m, field) == getattr(ref, field), field
+    assert m.seq_len == 8192
+    assert param_count(m) == param_count(ref)
+
+
+def _write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+def test_hf_gpt2_names(tmp_path):
+    p = _write(tmp_path, {
+        "model_type": "gpt2", "activation_function": "gelu_new", "n_layer": 12, "n_embd": 768,
+        "n_head": 12, "n_positions": 1024, "n_ctx": 1024, "n_inner": None, "vocab_size": 50257,
+    })
+    m = from_hf_config(p)
+    assert (m.layers, m.hidden, m.heads, m.ffn_hidden, m.vocab, m.seq_len) == (
+        12, 768, 12, 3072, 50257, 1024
+    )
+    assert not m.gated_mlp and m.learned_position_embeddings and m.tied_embeddings
+    assert abs(param_count(m) - 124.4e6) / 124.4e6 < 0.01  # GPT-2 small, 124M
+
+
+def test_hf_gpt_neox(tmp_path):
+    # EleutherAI/pythia-1b-like: rotary, untied, two-matrix GELU MLP.
+    p = _write(tmp_path, {
+        "model_type": "gpt_neox", "hidden_act": "gelu", "num_hidden_layers": 16,
+        "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 8,
+        "max_position_embeddings": 2048, "vocab_size": 50304, "tie_word_embeddings": False,
+    })
+    m = from_hf_config(p)
+    assert not m.gated_mlp and not m.learned_position_embeddings and not m.tied_embeddings
+    assert m.kv_heads is None and m.seq_len == 2048
+
+
+def test_hf_qwen3_moe_matches_catalog(tmp_path):
+    p = _write(tmp_path, {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
+        "vocab_size": 151936, "tie_word_embeddings": False,
+    })
+    m = from_hf_config(p, seq_len=4096)
+    assert m.model_copy(update={"name": "qwen3-30b-a3b"}) == get_model("qwen3-30b-a3b")
+
+
+def test_hf_gpt_oss_experts_per_token(tmp_path):
+    p = _write(tmp_path, {
+        "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+        "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 64, "num_local_experts": 128, "experts_per_token": 4,
+        "initial_context_length": 4096, "max_position_embeddings": 131072,
+        "vocab_size": 201088, "tie_word_embeddings": False, "hidden_act": "silu",
+    })
+    m = from_hf_config(p, seq_len=4096)
+    assert m.model_copy(update={"name": "gpt-oss-120b"}) == get_model("gpt-oss-120b")
+
+
+def test_hf_qwen2_moe_shared_expert_width(tmp_path):
+    # Qwen2-57B-A14B: one shared expert of width 20480 = 8 routed-expert widths of 2560.
+    p = _write(tmp_path, {
+        "model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
+        "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "num_experts": 64, "num_experts_per_tok": 8, "max_position_embeddings": 32768,
+        "vocab_size": 151936,
+    })
+    assert from_hf_config(p).shared_experts == 8
+
+
+def test_hf_malformed_json_names_file(tmp_path):
+    p = tmp_path / "broken" / "config.json"
+    p.parent.mkdir()
+    p.write_text('{"hidden_size": 4096,,}')
+    with pytest.raises(InputError) as info:
+        get_model(str(p))
+    assert str(p) in str(info.value) and "malformed JSON" in str(info.value)
+
+
+def test_hf_missing_field_names_file_and_field(tmp_path):
+    data = json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text())
+    del data["hidden_size"]
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError) as info:
+        from_hf_config(p)
+    assert str(p) in str(info.value) and "hidden_size" in str(info.value)
+
+
+def test_hf_bad_value_names_hf_field(tmp_path):
+    data = json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text())
+    data["num_hidden_layers"] = 0
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError, match="num_hidden_layers"):
+        from_hf_config(p)
+    data["num_hidden_layers"] = "thirty-two"
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError, match="num_hidden_layers"):
+        from_hf_config(p)
+
+
+def test_hf_missing_file_and_empty_directory(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        get_model(str(tmp_path / "nope" / "config.json"))
+    with pytest.raises(InputError, match="config.json"):
+        get_model(str(tmp_path))
+
+
+def test_hf_interleaved_moe_is_refused(tmp_path):
+    data = json.loads((EXAMPLES / "deepseek-v3" / "config.json").read_text())
+    data["moe_layer_freq"] = 2
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError, match="moe_layer_freq"):
+        from_hf_config(p)

@@ -23,10 +23,13 @@ from costmodel.specs import ClusterSpec
 NIC_EFFICIENCY = 0.92
 # NVLink point-to-point copies reach about 80% of the link rate without a measured curve.
 LINK_EFFICIENCY = 0.80
-# All-to-all cannot aggregate NICs and suffers from incast; nccl-tests #267 (maintainer):
-# expect single-NIC performance per GPU. DeepEP (data/validation/nccl.csv) reaches 43-58 GB/s of
-# 50 GB/s on RDMA but plain NCCL all-to-all in Megatron reaches less; 0.6 of the NIC is assumed.
-A2A_INTER_EFFICIENCY = 0.60
+# All-to-all cannot aggregate NICs (nccl-tests #267, maintainer): each GPU gets its own NIC.
+# DeepEP dispatch/combine over CX7 400G (data/validation/nccl.csv, DEEPEP_V1_LEGACY) reach 39-58 GB/s
+# of RDMA bottleneck bandwidth per 50 GB/s NIC, about 0.9 of it at EP 8-64.
+A2A_INTER_EFFICIENCY = 0.90
+# Inside the NVLink domain DeepEP reaches 153-158 GB/s on H800 (~200 GB/s NVLink) and 643-740 GB/s
+# on Blackwell (900 GB/s): about 0.8 of the link rate.
+A2A_INTRA_EFFICIENCY = 0.80
 # Leaf switch radix: nodes behind one leaf (rail) switch before traffic crosses the spine.
 NODES_PER_LEAF = 32
 
@@ -50,15 +53,15 @@ def _intra_busbw(profile: HardwareProfile, cluster: ClusterSpec, collective: str
     curve = profile.curve(collective, "intra")
     if curve is not None:
         return np.maximum(busbw_at(curve, nbytes), 1.0) * scale
+    if collective == "all_to_all":
+        return A2A_INTRA_EFFICIENCY * link * np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 1e6) * scale
     ar = profile.curve("all_reduce", "intra")
-    if ar is not None and collective in ("all_gather", "reduce_scatter", "all_to_all"):
+    if ar is not None and collective in ("all_gather", "reduce_scatter"):
         bw = busbw_at(ar, nbytes)
         if profile.nvls:
             # NVLS (in-switch reduction) lifts all-reduce busbw above the ring rate; gathers do
             # not get it: 8x H200 ring 367 vs NVLS 480 GB/s (STAS_H200_NCCLTESTS).
             bw = np.minimum(bw, LINK_EFFICIENCY * link)
-        if collective == "all_to_all":
-            bw = bw * 0.8
         return np.maximum(bw, 1.0) * scale
     # Latency-bandwidth model at LINK_EFFICIENCY of the link rate.
     size_eff = np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 4e6)
@@ -122,6 +125,30 @@ def collective_time_s(profile: HardwareProfile, cluster: ClusterSpec, collective
         t = np.maximum(t_intra, t_inter) + 0.2 * np.minimum(t_intra, t_inter)
     t = t + lat * np.where(n_domains > 1, 2.0, 1.0)
     return np.where((size > 1) & (nbytes > 0), t, 0.0)
+
+
+def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_bytes, topk: int,
+                        size, k, n_domains) -> np.ndarray:
+    """One MoE dispatch (or combine) all-to-all of ``token_bytes`` (the rank's tokens, one copy each).
+
+    Hierarchical dispatch as DeepEP and megatron-core's flex dispatcher run it: a token crosses the
+    network once per destination domain (not once per expert) and fans out over NVLink there. With
+    k experts drawn evenly over N domains a token reaches N*(1-(1-1/N)^k) distinct domains, (N-1)/N
+    of them remote; inside the domain each expert copy moves over NVLink.
+    """
+    token_bytes = np.asarray(token_bytes, dtype=float)
+    size = np.asarray(size, dtype=float)
+    k = np.asarray(k, dtype=float)
+    N = np.asarray(n_domains, dtype=float)
+    distinct = N * (1.0 - (1.0 - 1.0 / N) ** topk)
+    remote = distinct * (N - 1.0) / N
+    inter_bytes = token_bytes * remote
+    # Expert copies that land on other GPUs of the same domain (own tokens plus forwarded ones).
+    intra_bytes = token_bytes * topk * (k - 1.0) / np.maximum(size, 1.0) + inter_bytes * (k - 1.0) / np.maximum(k, 1.0)
+    t_intra = intra_bytes / _intra_busbw(profile, cluster, "all_to_all", token_bytes * topk)
+    t_inter = inter_bytes / _inter_bw_per_gpu(cluster, N, np.maximum(inter_bytes, 1.0), all_to_all=True)
+    t = np.maximum(t_intra, t_inter) + profile.collective_latency_s * np.where(N > 1, 2.0, 1.0)
+    return np.where((size > 1) & (token_bytes > 0), t, 0.0)
 
 
 def topology_graph(cluster: ClusterSpec) -> nx.Graph:

@@ -121,6 +121,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     cal = prof.calibration
     dtype = compute.gemm_dtype(model.precision)
     fp8 = dtype in ("fp8", "fp4")
+    # Quantisation traffic per GEMM-input element, in units of bf16 elements (2 bytes): fp8 reads 2 B
+    # and writes a row-wise and a column-wise (transposed) 1 B copy; MXFP8 adds 1/32 scales; NVFP4
+    # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
+    # (NVIDIA NVFP4 recipe, arXiv:2509.25149).
+    q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0)
     D = cluster.domain_gpus
     h, s = model.hidden, model.seq_len
     tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
@@ -162,14 +167,14 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     gpt_dropout = 0.0 if model.gated_mlp else 1.0
     elem_attn = ln_tokens * (4 * h + 6 * h + gpt_dropout * 5 * h) + tokens * (2 * dims["qkv_out"]) / tp
     if fp8:
-        elem_attn = elem_attn + tokens * 1.5 * (h + dims["o_in"] / tp)
+        elem_attn = elem_attn + tokens * q * (h + dims["o_in"] / tp)
 
     def mlp_block(ffn, tok, width_div):
         flops = 2.0 * tok * mlp_params(model, ffn) / width_div
         mn = np.minimum.reduce([tok, np.full(n, float(h)), np.full(n, float(ffn)) / width_div])
         elems = tok * ((3 if model.gated_mlp else 2) * ffn) / width_div
         if fp8:
-            elems = elems + tok * 1.5 * (h + ffn / width_div)
+            elems = elems + tok * q * (h + ffn / width_div)
         return gemm(flops, mn), elems
 
     t_mlp_dense, elem_mlp_dense = mlp_block(model.ffn_hidden, tokens, tp)
@@ -214,23 +219,26 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         elem_exp = own * k_top * moe_imbalance * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
                                                   + 4 * h)  # activation + permute/unpermute copies
         if fp8:
-            elem_exp = elem_exp + own * k_top * 1.5 * (h + model.expert_ffn / etp)
+            elem_exp = elem_exp + own * k_top * q * (h + model.expert_ffn / etp)
         mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared + elem_exp + own * E * 3))
-        a2a_bytes = own * k_top * h * 2.0 * moe_imbalance
-        t_a2a = 2 * comm.collective_time_s(prof, cluster, "all_to_all", a2a_bytes, ep, ep_k, ep_N)
+        t_a2a = 2 * comm.moe_dispatch_time_s(prof, cluster, own * h * 2.0 * moe_imbalance, k_top, ep, ep_k, ep_N)
         t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
         moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed
         moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed
         moe_comm = t_tp + t_a2a
     else:
-        moe_f = moe_b = moe_comm = np.zeros(n)
+        moe_f = moe_b = moe_comm = mb_moe = np.zeros(n)
         t_a2a = np.zeros(n)
 
     # ---- recompute ------------------------------------------------------------------------------
     rc = a.recompute
-    rec_dense = np.where(rc == 2, dense_f, np.where(rc == 1, t_core_f, 0.0))
-    rec_moe = np.where(rc == 2, moe_f, np.where(rc == 1, t_core_f, 0.0))
+    # Selective: the attention core, plus (flash era) the LayerNorms and MLP activation, which are
+    # memory-bound: about a third of the layer's element-wise traffic.
+    sel_dense = t_core_f + (mb_f / 3.0 if fw["flash"] else 0.0)
+    sel_moe = t_core_f + (mb_moe / 3.0 if (fw["flash"] and model.is_moe) else 0.0)
+    rec_dense = np.where(rc == 2, dense_f, np.where(rc == 1, sel_dense, 0.0))
+    rec_moe = np.where(rc == 2, moe_f, np.where(rc == 1, sel_moe, 0.0))
 
     # ---- stages -----------------------------------------------------------------------------------
     SL = _stage_layers(model, a)
@@ -247,7 +255,9 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
 
     # Edge stages: embedding on the first, LM head + cross-entropy on the last.
     logit_flops = 2.0 * tokens * h * model.vocab / tp
-    t_logit = gemm(logit_flops, np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
+    # The output layer runs outside the fp8 autocast region in megatron-core: always bf16.
+    t_logit = compute.gemm_time_s(prof, "bf16", logit_flops,
+                                  np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
     t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * 4.0 * 3)
     t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * 2.0 * 3)
     first = np.arange(P)[None, :] == 0
@@ -273,7 +283,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     p_exp_stage = n_moe * lp_moe["expert"] / col(ep * etp)
     zero = a.zero_stage
     distopt = a.distributed_optimizer | (zero >= 1)
-    grad_b = memory.GRAD_BYTES
+    grad_b = memory.GRAD_BYTES_CORE if framework == "megatron-core" else memory.GRAD_BYTES
     rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * grad_b,
                                   col(dp_size), col(dp_k), col(dp_N))
     ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * grad_b,
@@ -327,12 +337,12 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
 
     # ---- memory ---------------------------------------------------------------------------------
     rc_arr = a.recompute
-    act_dense = memory.layer_activation_bytes(model, tokens, tp, sp, rc_arr, fw["flash"], False, cp)
-    act_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, rc_arr, fw["flash"], True, cp)
+    act_dense = memory.layer_activation_bytes(model, tokens, tp, sp, rc_arr, fw["flash"], False, fp8)
+    act_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, rc_arr, fw["flash"], True, fp8)
                if model.is_moe else np.zeros(n))
-    act_none_dense = memory.layer_activation_bytes(model, tokens, tp, sp, np.zeros(n), fw["flash"], False, cp)
+    act_none_dense = memory.layer_activation_bytes(model, tokens, tp, sp, np.zeros(n), fw["flash"], False, fp8)
     act_none_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, np.zeros(n),
-                                                  fw["flash"], True, cp) if model.is_moe else np.zeros(n))
+                                                  fw["flash"], True, fp8) if model.is_moe else np.zeros(n))
     # Partial full-recompute: recomputed layers keep their input only, the rest keep everything.
     full = col(rc_arr == 2)
     per_mb = np.where(full,
@@ -362,7 +372,15 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     peak_flops = prof.peak(dtype)
     i_max = np.argmax(np.where(valid, stage_time, -1.0), axis=1)
     rows = np.arange(n)
+    details = {"attn_proj_s": t_attn_proj, "attn_core_fwd_s": t_core_f, "attn_core_bwd_s": t_core_b,
+               "mlp_dense_s": t_mlp_dense, "memory_bound_dense_s": mb_f, "tp_comm_s": t_tp,
+               "layer_dense_fwd_s": dense_f, "layer_dense_bwd_s": dense_b, "layer_moe_fwd_s": moe_f,
+               "layer_moe_bwd_s": moe_b, "a2a_s": t_a2a, "logits_s": t_logit, "p2p_s": t_p2p}
+    if model.is_moe:
+        details.update({"experts_s": t_experts, "shared_s": t_shared, "router_s": t_router,
+                        "memory_bound_moe_s": mb_moe, "moe_fixed_s": np.full(n, t_moe_fixed)})
     return {
+        "details": details,
         "step_time_s": step,
         "step_time_lower_s": np.minimum(lower, step),
         "step_time_upper_s": np.maximum(upper, step),

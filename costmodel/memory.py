@@ -26,10 +26,11 @@ from costmodel.specs import ModelSpec
 
 GIB = float(2**30)
 WEIGHT_BYTES = 2.0
-GRAD_BYTES = 4.0
+GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM; megatron-core with grad_reduce_in_fp32)
+GRAD_BYTES_CORE = 2.0   # megatron-core DistributedDataParallelConfig default: grads in the param dtype
 OPTIMIZER_BYTES = 12.0
-# fp8 recipes (Transformer Engine) keep an fp8 copy of each weight (and its transpose) for the GEMMs.
-FP8_WEIGHT_EXTRA_BYTES = 2.0
+# fp8 recipes (Transformer Engine) keep an fp8 copy of each weight for the GEMMs.
+FP8_WEIGHT_EXTRA_BYTES = 1.0
 # NCCL, cuBLAS and Transformer Engine workspaces, CUDA context outside the allocator.
 WORKSPACE_BYTES = 1.0 * GIB
 # Caching-allocator fragmentation on top of the live tensors.
@@ -37,44 +38,51 @@ FRAGMENTATION = 0.05
 
 
 def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, moe: bool,
-                           cp) -> np.ndarray:
+                           fp8: bool = False) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
 
-    ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence), ``recompute`` codes:
-    0 none, 1 selective, 2 full.
+    ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence); ``recompute`` codes:
+    0 none, 1 selective, 2 full. Selective follows megatron-core's ``--recompute-modules`` for
+    flash-attention models (core_attn, layernorm, the MLP / MoE activation): the LayerNorm outputs
+    (the GEMM inputs) and the activation-function output are recomputed instead of stored. Without
+    flash attention selective recompute removes the 5*a*s^2*b score terms (Korthikanti Sec. 4.2).
+    With fp8 (Transformer Engine) the GEMM inputs are kept as fp8 copies, 1 byte per element.
     """
     tokens = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
     sp = np.asarray(sp, dtype=bool)
+    rc = np.asarray(recompute)
     h = model.hidden
     dims = attention_proj_dims(model)
-    gpt_dropout = not model.gated_mlp  # GPT-era models train with dropout; Llama-style do not.
-    mask = 1.0 if gpt_dropout else 0.0
-    # Terms replicated without SP (LN inputs, GEMM inputs, dropout masks) and terms split by tp.
-    repl = 2 * h + 2 * h + mask * h + 2 * h + 2 * h + mask * h
-    split = 2 * dims["qkv_out"] + 2 * dims["o_in"]
+    gin = 1.0 if fp8 else 2.0                        # bytes per element of a saved GEMM input
+    sel = (rc == 1) & flash                          # modern selective: LN outputs, activation recomputed
+    mask = 1.0 if not model.gated_mlp else 0.0      # GPT-era models train with dropout; Llama-style do not.
+    gate = 2 if model.gated_mlp else 1
+    ln_in = 2 * h + 2 * h                            # inputs of the two LayerNorms (residual stream)
+    ln_out = np.where(sel, 0.0, gin * h + gin * h)   # QKV input and FC1 input
+    repl = ln_in + ln_out + 2 * mask * h
+    split = 2 * dims["qkv_out"] + gin * dims["o_in"]
     if moe:
         k = model.moe_topk
         fe = model.expert_ffn
-        gate = 2 if model.gated_mlp else 1
-        # Routed tokens (permuted input, expert FC1 output, activation output) for k experts each,
-        # plus the shared experts; all on tokens the rank owns (tokens/tp with SP).
-        split_moe = (k * (2 * h + 2 * fe * gate + 2 * fe) + 2 * h
-                     + model.shared_experts * (2 * fe * gate + 2 * fe) + 4 * model.num_experts)
-        per_token = np.where(sp, (repl + split) / t + split_moe / t, repl + split / t + split_moe / t)
+        act_out = np.where(sel, 0.0, gin * fe)
+        routed = k * (gin * h + 2 * fe * gate + act_out)
+        shared = model.shared_experts * (2 * fe * gate + act_out)
+        split_moe = routed + shared + 2 * h + 4 * model.num_experts
+        per_token = np.where(sp, (repl + split) / t, repl + split / t) + split_moe / t
     else:
         f = model.ffn_hidden
-        gate = 2 if model.gated_mlp else 1
-        split = split + 2 * f * gate + 2 * f
+        act_out = np.where(sel, 0.0, gin * f)
+        split = split + 2 * f * gate + act_out
         per_token = np.where(sp, (repl + split) / t, repl + split / t)
     act = tokens * per_token
     if not flash:
         # Korthikanti Table 2: 5*a*s^2*b/t for the materialised scores (softmax output, dropout mask
         # and output); selective recomputation removes exactly this term.
         scores = 5.0 * model.heads * tokens * model.seq_len / t
-        act = act + np.where(np.asarray(recompute) >= 1, 0.0, scores)
+        act = act + np.where(rc >= 1, 0.0, scores)
     full_input = tokens * 2 * h / np.where(sp, t, 1.0)
-    return np.where(np.asarray(recompute) == 2, full_input, act)
+    return np.where(rc == 2, full_input, act)
 
 
 def logits_bytes(model: ModelSpec, tokens, tp) -> np.ndarray:

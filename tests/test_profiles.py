@@ -1,0 +1,407 @@
+"""Hardware profiles and cluster files: they load, their aliases cover the validation data, their
+numbers match the cited sources, and bad files fail with a message naming the file and the field."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from costmodel.profiles import (
+    PROFILE_DIR,
+    InputError,
+    busbw_at,
+    load_cluster,
+    load_profile,
+    profile_paths,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+VALIDATION = ROOT / "data" / "validation"
+CLUSTER_PATHS = sorted((PROFILE_DIR / "clusters").glob("*.yaml"))
+GIB = 2**30
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    with (VALIDATION / name).open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _curve_script():
+    """scripts/build_profile_curves.py as a module (scripts/ is not a package)."""
+    name = "build_profile_curves"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "build_profile_curves.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses resolve annotations through sys.modules
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+# --- every shipped file loads ----------------------------------------------------------------
+
+def test_expected_profiles_and_clusters_ship():
+    assert {p.stem for p in profile_paths()} >= {
+        "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300", "V100-32GB"}
+    assert {p.stem for p in CLUSTER_PATHS} >= {
+        "h100x512", "a100x1024", "h200x256", "b200x1024", "gb200-nvl72x8", "gb300-nvl72x4",
+        "h100x16384", "v100-dgx2x64"}
+
+
+@pytest.mark.parametrize("path", profile_paths(), ids=lambda p: p.stem)
+def test_profile_loads_and_is_sourced(path):
+    prof = load_profile(str(path))
+    assert prof.name == path.stem
+    assert load_profile(path.stem) is prof
+    raw = yaml.safe_load(path.read_text())
+    # Every source id in the table is used, and every citation is a real sentence.
+    used = {raw[k]["source"] for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s",
+                                       "nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s")}
+    used |= {v["source"] for k in ("peak_flops", "gemm_max_efficiency") for v in raw[k].values()}
+    used |= {c["source"] for c in raw.get("curves") or []}
+    assert set(prof.sources) == used, f"unused sources: {set(prof.sources) - used}"
+    assert all(len(text) > 40 for text in prof.sources.values())
+    assert prof.gap_model.strip()
+    assert "calibration" not in raw, "calibration is written by scripts/fit_profiles.py only"
+
+
+@pytest.mark.parametrize("path", profile_paths(), ids=lambda p: p.stem)
+def test_profile_numbers_are_yaml_numbers(path):
+    """PyYAML reads `989e12` as a string; pydantic would coerce it, other readers would not."""
+    raw = yaml.safe_load(path.read_text())
+    values = [raw[k]["value"] for k in ("memory_bytes", "hbm_bandwidth_bytes_per_s",
+                                        "nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s")]
+    values += [v["value"] for k in ("peak_flops", "gemm_max_efficiency") for v in raw[k].values()]
+    values += [x for c in raw.get("curves") or [] for pt in c["points"] for x in pt]
+    values.append(raw["collective_latency_s"])
+    bad = [v for v in values if not isinstance(v, (int, float)) or isinstance(v, bool)]
+    assert not bad, f"{path.name}: non-numeric values {bad[:5]}"
+
+
+@pytest.mark.parametrize("path", profile_paths(), ids=lambda p: p.stem)
+def test_profile_values_are_plausible(path):
+    prof = load_profile(str(path))
+    assert 16 * GIB <= prof.memory_bytes.value <= 300 * GIB
+    assert 0.5e12 <= prof.hbm_bandwidth_bytes_per_s.value <= 10e12
+    assert 100e9 <= prof.nvlink_bandwidth_bytes_per_s.value <= 1e12
+    assert 5e9 <= prof.nic_bandwidth_bytes_per_s.value <= 100e9
+    for dtype, eff in prof.gemm_max_efficiency.items():
+        assert 0.5 < eff.value < 1.0, dtype
+        assert dtype in prof.peak_flops, f"efficiency for {dtype} without a peak"
+    # Narrower dtypes are never slower.
+    order = [d for d in ("fp32", "tf32", "bf16", "fp8", "fp4") if d in prof.peak_flops]
+    peaks = [prof.peak_flops[d].value for d in order]
+    assert peaks == sorted(peaks), order
+    assert 1e-6 <= prof.collective_latency_s <= 100e-6
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS, ids=lambda p: p.stem)
+def test_cluster_loads(path):
+    cluster = load_cluster(path)
+    assert cluster.name == path.stem
+    assert load_cluster(path.stem) == cluster  # shipped files resolve by name
+    prof = load_profile(cluster.gpu)
+    assert cluster.domain_gpus % cluster.gpus_per_node == 0
+    assert cluster.num_gpus % cluster.domain_gpus == 0
+    assert cluster.domain_gpus == prof.nvlink_domain_gpus
+    assert cluster.inter_node.rails <= cluster.gpus_per_node
+    assert cluster.inter_node.nic_bandwidth_bytes_per_s == prof.nic_bandwidth_bytes_per_s.value
+    assert "storage_bandwidth_bytes_per_s" in yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize("name, gpus, domain", [
+    ("h100x512", 512, 8), ("a100x1024", 1024, 8), ("h200x256", 256, 8), ("b200x1024", 1024, 8),
+    ("gb200-nvl72x8", 576, 72), ("gb300-nvl72x4", 288, 72), ("h100x16384", 16384, 8),
+    ("v100-dgx2x64", 64, 16)])
+def test_cluster_sizes(name, gpus, domain):
+    cluster = load_cluster(name)
+    assert (cluster.num_gpus, cluster.domain_gpus) == (gpus, domain)
+
+
+def test_cluster_details():
+    h100 = load_cluster("h100x512")
+    assert (h100.nodes, h100.gpus_per_node, h100.inter_node.rails) == (64, 8, 8)
+    assert h100.topology == "rail-optimised" and h100.price_per_gpu_hour_usd == 2.5
+    gb200 = load_cluster("gb200-nvl72x8")
+    assert (gb200.nodes, gb200.gpus_per_node, gb200.nvlink_domain_gpus) == (144, 4, 72)
+    assert load_cluster("a100x1024").inter_node.nic_bandwidth_bytes_per_s == 25e9
+    assert load_cluster("gb300-nvl72x4").inter_node.nic_bandwidth_bytes_per_s == 100e9
+
+
+# --- names and aliases -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("gpu_type", sorted({r["gpu_type"] for r in _rows("published_runs.csv")}))
+def test_published_runs_gpu_types_resolve(gpu_type):
+    load_profile(gpu_type)
+
+
+@pytest.mark.parametrize("alias, name", [
+    ("A100", "A100-80GB"), ("A100-80GB", "A100-80GB"), ("V100", "V100-32GB"), ("H100", "H100"),
+    ("B200", "B200"), ("B300", "B300"), ("GB200", "GB200"), ("GB300", "GB300"),
+    ("H100-80GB-HBM3", "H100"), ("NVIDIA H100 SXM", "H100"), ("nvidia h100 80gb hbm3", "H100"),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100-SXM3-32GB", "V100-32GB"),
+    ("NVIDIA B300 SXM6 AC", "B300"), ("h800", "H800"), ("NVIDIA H200", "H200")])
+def test_alias_resolves_to(alias, name):
+    assert load_profile(alias).name == name
+
+
+def test_aliases_do_not_collide():
+    owner: dict[str, str] = {}
+    for path in profile_paths():
+        prof = load_profile(str(path))
+        for spelling in (prof.name, *prof.aliases):
+            key = _norm(spelling)
+            assert owner.setdefault(key, prof.name) == prof.name, \
+                f"{spelling!r} names both {owner[key]} and {prof.name}"
+
+
+def test_gemm_csv_nvidia_names_resolve():
+    for gpu_type in ("NVIDIA A100 SXM", "NVIDIA H100 SXM", "NVIDIA H200 SXM", "NVIDIA B200 SXM",
+                     "NVIDIA B300 SXM", "NVIDIA GB200 SXM"):
+        load_profile(gpu_type)
+    for other in ("NVIDIA A100 PCIe", "NVIDIA GH200 SXM", "AMD MI300X"):
+        with pytest.raises(InputError, match="unknown GPU type"):
+            load_profile(other)
+
+
+def test_script_gpu_type_map_agrees_with_aliases():
+    """nccl.csv spellings the curve script maps to a profile resolve to that same profile."""
+    mapping = _curve_script().GPU_TYPE_TO_PROFILE
+    assert {r["gpu_type"] for r in _rows("nccl.csv")} <= set(mapping)
+    for gpu_type, name in mapping.items():
+        if name is not None:
+            assert load_profile(gpu_type).name == name, gpu_type
+
+
+def test_unknown_gpu_lists_valid_names():
+    with pytest.raises(InputError) as err:
+        load_profile("TPU v5p")
+    assert "H100" in str(err.value) and "A100-80GB" in str(err.value)
+
+
+# --- values against their sources ------------------------------------------------------------
+
+def test_h100_headline_numbers():
+    h100 = load_profile("H100")
+    assert h100.peak_flops["bf16"].value == 989e12
+    assert h100.peak_flops["fp8"].value == 1979e12
+    assert h100.peak("fp4") == 1979e12  # no fp4 on Hopper: falls back to fp8
+    assert h100.memory_bytes.value == 80 * GIB
+    assert h100.hbm_bandwidth_bytes_per_s.value == 3.35e12
+    assert h100.nvlink_bandwidth_bytes_per_s.value == 450e9
+    assert h100.nic_bandwidth_bytes_per_s.value == 50e9
+    assert h100.nvls and h100.nvlink_domain_gpus == 8
+
+
+def test_a100_headline_numbers():
+    a100 = load_profile("A100")
+    assert a100.memory_bytes.value == 80 * GIB == 85899345920
+    assert a100.peak_flops["bf16"].value == 312e12
+    assert "fp8" not in a100.peak_flops and "fp8" not in a100.gemm_max_efficiency
+    assert a100.peak("fp8") == 312e12
+    assert a100.nvlink_bandwidth_bytes_per_s.value == 300e9
+    assert a100.nic_bandwidth_bytes_per_s.value == 25e9
+    assert not a100.nvls
+
+
+@pytest.mark.parametrize("name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain, nvls", [
+    ("H200", 141, 989e12, 1979e12, None, 450e9, 50e9, 8, True),
+    ("H800", 80, 989e12, 1979e12, None, 200e9, 50e9, 8, False),
+    ("B200", 180, 2.25e15, 4.5e15, 9e15, 900e9, 50e9, 8, True),
+    ("GB200", 186, 2.5e15, 5e15, 10e15, 900e9, 50e9, 72, True),
+    ("B300", 270, 2.25e15, 4.5e15, 13.5e15, 900e9, 100e9, 8, True),
+    ("GB300", 279, 2.5e15, 5e15, 15e15, 900e9, 100e9, 72, True),
+    ("V100-32GB", 32, 125e12, None, None, 150e9, 6.25e9, 16, False)])
+def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain, nvls):
+    p = load_profile(name)
+    assert p.memory_bytes.value == memory_gib * GIB
+    assert p.peak_flops["bf16"].value == bf16
+    assert (p.peak_flops["fp8"].value if "fp8" in p.peak_flops else None) == fp8
+    assert (p.peak_flops["fp4"].value if "fp4" in p.peak_flops else None) == fp4
+    assert p.nvlink_bandwidth_bytes_per_s.value == nvlink
+    assert p.nic_bandwidth_bytes_per_s.value == nic
+    assert (p.nvlink_domain_gpus, p.nvls) == (domain, nvls)
+
+
+def test_v100_bf16_stands_in_for_fp16():
+    v100 = load_profile("V100")
+    assert v100.peak_flops["bf16"].value == v100.peak_flops["fp16"].value == 125e12
+    assert v100.max_efficiency("bf16") == 0.80
+
+
+@pytest.mark.parametrize("row", [r for r in _rows("gemm.csv") if r["gpu_type"].startswith("NVIDIA")
+                                 and r["gpu_type"] not in ("NVIDIA A100 PCIe", "NVIDIA GH200 SXM")],
+                         ids=lambda r: f"{r['gpu_type']}-{r['dtype']}")
+def test_gemm_efficiency_matches_gemm_csv(row):
+    """gemm.csv (STAS_MAMF): peak_tflops_spec equals the profile's peak, and the profile's
+    efficiency is tflops / peak (Maximum Achievable Matmul FLOPS), to 4 decimals."""
+    prof = load_profile(row["gpu_type"])
+    dtype = {"bf16": "bf16", "fp8_e4m3fn": "fp8"}[row["dtype"]]
+    peak = float(row["peak_tflops_spec"]) * 1e12
+    assert prof.peak_flops[dtype].value == peak
+    assert prof.gemm_max_efficiency[dtype].value == pytest.approx(float(row["tflops"]) * 1e12 / peak, abs=1e-4)
+    assert prof.gemm_max_efficiency[dtype].source == "STAS_MAMF"
+
+
+def test_fp16_efficiency_equals_bf16_where_both_exist():
+    # costmodel.profiles.max_efficiency falls back dtype -> fp8 -> bf16, so fp16 is given explicitly.
+    for path in profile_paths():
+        prof = load_profile(str(path))
+        if "fp16" in prof.peak_flops:
+            assert prof.max_efficiency("fp16") == prof.max_efficiency("bf16"), prof.name
+
+
+# --- curves ----------------------------------------------------------------------------------
+
+def test_h100_intra_all_reduce_curve():
+    curve = load_profile("H100").curve("all_reduce", "intra")
+    assert curve.group_size == 8 and curve.source == "DGXC_NCCL_README"
+    busbw = np.array([p[1] for p in curve.points])
+    assert busbw.max() == pytest.approx(480e9, rel=0.01)  # nccl-tests issue #290: 476-480 GB/s with NVLS
+    assert busbw[-1] >= 0.99 * busbw.max()
+    # Monotone except for measurement noise of a few percent.
+    assert np.all(busbw[1:] >= 0.9 * np.maximum.accumulate(busbw)[:-1])
+    assert curve.points[0][0] == 64  # 8-32 B print 0.00 GB/s and are dropped
+
+
+@pytest.mark.parametrize("path", profile_paths(), ids=lambda p: p.stem)
+def test_curves_are_sane(path):
+    prof = load_profile(str(path))
+    for c in prof.curves:
+        sizes = np.array([p[0] for p in c.points])
+        busbw = np.array([p[1] for p in c.points])
+        assert np.all(np.diff(sizes) > 0) and np.all(busbw > 0)
+        assert busbw[-1] >= 0.9 * busbw.max(), (c.collective, c.scope)  # saturates, no collapse
+        assert np.all(busbw[1:] >= 0.75 * np.maximum.accumulate(busbw)[:-1]), (c.collective, c.scope)
+        if c.scope == "intra":  # NVLS can exceed the link rate a little, never by much
+            limit = (1.25 if prof.nvls else 1.0) * prof.nvlink_bandwidth_bytes_per_s.value
+            assert busbw.max() <= limit, (c.collective, busbw.max(), limit)
+        assert c.group_size >= 2
+
+
+def test_curve_groups_match_nccl_csv():
+    h100 = load_profile("H100")
+    inter = h100.curve("all_reduce", "inter")
+    assert (inter.group_size, inter.source) == (16, "A3MEGA_NCCL")
+    assert inter.points[-1] == (8589934592, pytest.approx(338.82e9))
+    b200 = load_profile("B200")
+    assert b200.curve("all_reduce", "inter").group_size == 32
+    assert b200.curve("all_reduce", "intra").points[-1] == (17179869184, pytest.approx(845.67e9))
+    assert load_profile("A100").curve("all_reduce", "intra").points[-1][1] == pytest.approx(234.89e9)
+    assert load_profile("H200").curve("all_reduce", "intra").points[-1][1] == pytest.approx(482.26e9)
+    for name in ("H800", "B300", "GB200", "GB300", "V100-32GB"):
+        assert load_profile(name).curves == ()
+
+
+def test_busbw_at_measured_points_and_between():
+    curve = load_profile("H100").curve("all_reduce", "intra")
+    sizes = np.array([p[0] for p in curve.points], dtype=float)
+    busbw = np.array([p[1] for p in curve.points])
+    np.testing.assert_allclose(busbw_at(curve, sizes), busbw, rtol=1e-12)
+    assert busbw_at(curve, np.array([2**30]))[0] == pytest.approx(466.33e9)
+    # Between two points: between their values (log-size interpolation).
+    mid = busbw_at(curve, np.array([1.5 * 2**30]))[0]
+    assert 466.33e9 < mid < 473.37e9
+    # Clamped at both ends.
+    assert busbw_at(curve, np.array([1.0]))[0] == busbw[0]
+    assert busbw_at(curve, np.array([2.0**40]))[0] == busbw[-1]
+
+
+def test_curves_are_in_sync_with_nccl_csv():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_profile_curves.py"),
+                             "--check", "--quiet"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_curve_script_keeps_head_byte_for_byte(tmp_path):
+    mod = _curve_script()
+    original = (PROFILE_DIR / "gpus" / "H100.yaml").read_text()
+    head = original[: original.index(mod.MARKER)]
+    target = tmp_path / "H100.yaml"
+    target.write_text(head + mod.MARKER + "\ncurves: []\n")
+    by_profile, _ = mod.read_groups()
+    new = mod.rewrite(target, by_profile["H100"])
+    assert new == original
+    assert new.startswith(head)
+
+
+def test_curve_script_rejects_unmapped_gpu_type(tmp_path):
+    mod = _curve_script()
+    bad = tmp_path / "nccl.csv"
+    header = (VALIDATION / "nccl.csv").read_text().splitlines()[0]
+    bad.write_text(header + "\nX,Mystery GPU,intra,1,all_reduce,1024,1.0,0.5,8,nccl-tests,\n")
+    with pytest.raises(SystemExit, match="Mystery GPU"):
+        mod.read_groups(bad)
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+def _profile_text(**replace: str) -> str:
+    text = (PROFILE_DIR / "gpus" / "H100.yaml").read_text()
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new, 1)
+    return text
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(_profile_text(**{"nvlink_domain_gpus: 8": "nvlink_domain_gpus: [8"}))
+    with pytest.raises(InputError) as err:
+        load_profile(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and "malformed YAML" in msg and "line" in msg
+
+
+def test_unknown_field_names_file_and_field(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(_profile_text(**{"nvlink_domain_gpus: 8": "nvlink_domain_gpu: 8"}))
+    with pytest.raises(InputError) as err:
+        load_profile(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and "nvlink_domain_gpu" in msg
+
+
+def test_bad_value_names_nested_field(tmp_path):
+    path = tmp_path / "badvalue.yaml"
+    path.write_text(_profile_text(**{"{value: 3.35e+12, source: H100_DATASHEET}":
+                                     "{value: fast, source: H100_DATASHEET}"}))
+    with pytest.raises(InputError) as err:
+        load_profile(str(path))
+    assert str(path) in str(err.value) and "hbm_bandwidth_bytes_per_s.value" in str(err.value)
+
+
+def test_unresolved_source_id_is_rejected(tmp_path):
+    path = tmp_path / "nosource.yaml"
+    path.write_text(_profile_text(**{"{value: 3.35e+12, source: H100_DATASHEET}":
+                                     "{value: 3.35e+12, source: NOWHERE}"}))
+    with pytest.raises(InputError, match="NOWHERE"):
+        load_profile(str(path))
+
+
+def test_cluster_unknown_field_and_gpu(tmp_path):
+    text = (PROFILE_DIR / "clusters" / "h100x512.yaml").read_text()
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(text.replace("gpus_per_node: 8", "gpu_per_node: 8"))
+    with pytest.raises(InputError) as err:
+        load_cluster(typo)
+    assert str(typo) in str(err.value) and "gpu_per_node" in str(err.value)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(text.replace("gpu: H100 ", "gpu: H900 "))
+    with pytest.raises(InputError) as err:
+        load_cluster(unknown)
+    assert str(unknown) in str(err.value) and "field 'gpu'" in str(err.value) and "H900" in str(err.value)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text + "\n  : : [\n")
+    with pytest.raises(InputError, match="malformed YAML"):
+        load_cluster(broken)

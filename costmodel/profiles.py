@@ -139,7 +139,7 @@ class HardwareProfile(_Frozen):
         return self.peak_flops["bf16"].value
 
     def max_efficiency(self, dtype: str) -> float:
-        for d in (dtype, "fp8", "bf16"):
+        for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):
             if d in self.gemm_max_efficiency:
                 return self.gemm_max_efficiency[d].value
         return 0.75

@@ -289,3 +289,66 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                      "ape": None})
     rows.sort(key=lambda r: r["row"])
     return {"rows": rows, "summary": summarize(rows)}
+
+
+def measurements_for(cases: list[Case]) -> list:
+    """Cases as fit measurements, with unknown recompute resolved the way predict_case resolves it."""
+    from costmodel.fit import Measurement
+
+    out = []
+    for c in cases:
+        plan = c.plan
+        if not c.recompute_known:
+            chosen = [a for a in predict_case(c)["assumed"] if a.startswith("recompute=")][-1]
+            plan = plan.model_copy(update={"recompute": chosen.split("=")[1].split()[0]})
+        out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
+    return out
+
+
+def fit_profiles(cases: list[Case], *, fitted_by: str, exclude_source: str | None = None) -> tuple[dict, list]:
+    """Fit every profile's calibration on the cases (optionally without one source).
+
+    Profiles with fewer cases than factors keep their defaults. Returns ({profile: HardwareProfile}, reports).
+    """
+    from costmodel.fit import fit_calibration
+    from costmodel.profiles import Calibration
+
+    train = [c for c in cases if c.source_id != exclude_source]
+    by_gpu: dict[str, list[Case]] = {}
+    for c in train:
+        by_gpu.setdefault(c.cluster.gpu, []).append(c)
+    fitted, reports = {}, []
+    for gpu in sorted({c.cluster.gpu for c in cases}):
+        prof = load_profile(gpu).model_copy(update={"calibration": Calibration()})
+        rows = by_gpu.get(gpu, [])
+        try:
+            cal, rep = fit_calibration(measurements_for(rows), prof, fitted_by=fitted_by)
+            prof = prof.model_copy(update={"calibration": cal})
+        except ValueError as exc:
+            rep = {"profile": gpu, "measurements": len(rows), "skipped": str(exc)}
+        fitted[gpu] = prof
+        reports.append(rep)
+    return fitted, reports
+
+
+def cross_validate(path: str | Path, progress=None) -> dict:
+    """Leave-one-source-out: refit every profile without a source, predict that source."""
+    cases, errors = load_cases(path)
+    sources = sorted({c.source_id for c in cases})
+    folds, all_rows = [], []
+    for src in sources:
+        profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {src}", exclude_source=src)
+        rows = []
+        for c in (c for c in cases if c.source_id == src):
+            pred = predict_case(c, profiles[c.cluster.gpu])
+            rows.append({"row": c.row, "source_id": src, "gpu_type": c.gpu_type,
+                         "predicted_step_time_s": pred["predicted_step_time_s"],
+                         "published_step_time_s": c.published_step_time_s, "error": None,
+                         "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
+        folds.append({"left_out": src, **summarize(rows)["overall"]})
+        all_rows += rows
+        if progress:
+            progress(src)
+    for e in errors:
+        all_rows.append({**e, "ape": None})
+    return {"folds": folds, "summary": summarize(all_rows)}

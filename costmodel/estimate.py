@@ -101,15 +101,54 @@ class PlanArrays:
         return arrays
 
 
-def _stage_layers(model: ModelSpec, a: PlanArrays) -> np.ndarray:
-    max_pp = int(a.pp.max())
-    even = pipeline.stage_split_even(model.layers, a.pp.astype(int), max_pp)
+@dataclass
+class Stages:
+    """Pipeline stages as columns. With Megatron's even split only three kinds of stage differ (the first
+    holds the embedding, the last the LM head and loss, the middle ones are alike), so three
+    representative columns with weights (1, pp-2, 1) stand for all pp stages; explicit uneven splits get
+    one column per stage. ``index`` is the stage's position (for in-flight micro-batches)."""
+
+    layers: np.ndarray
+    weight: np.ndarray
+    index: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    start: np.ndarray   # index of the stage's first layer
+
+    @property
+    def valid(self) -> np.ndarray:
+        return self.weight > 0
+
+
+def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
+    pp = a.pp.astype(int)
+    n = len(pp)
     if a.stage_layers is None:
-        return even
+        per = (model.layers // pp).astype(float)
+        rem = model.layers - per * pp
+        idx = np.stack([np.zeros(n), np.minimum(1, pp - 1), pp - 1], axis=1).astype(float)
+        w = np.stack([np.ones(n), np.maximum(pp - 2, 0), (pp > 1).astype(float)], axis=1)
+        # Any remainder (plans the rules reject) sits on the middle stages.
+        layers = np.stack([per, per + (rem > 0), per], axis=1)
+        layers[:, 2] = np.where(pp > 1, per, layers[:, 0])
+        first = np.zeros((n, 3), bool)
+        first[:, 0] = True
+        last = np.zeros((n, 3), bool)
+        last[:, 2] = pp > 1
+        last[:, 0] = pp == 1
+        start = idx * per[:, None]
+        return Stages(layers, w, idx, first, last, start)
+    max_pp = int(pp.max())
+    even = pipeline.stage_split_even(model.layers, pp, max_pp)
     sl = a.stage_layers
     if sl.shape[1] < max_pp:
         sl = np.pad(sl, ((0, 0), (0, max_pp - sl.shape[1])))
-    return np.where(np.isnan(sl[:, :1]), even, sl[:, :max_pp])
+    layers = np.where(np.isnan(sl[:, :1]), even, sl[:, :max_pp])
+    i = np.arange(max_pp)[None, :]
+    w = (i < pp[:, None]).astype(float)
+    start = np.cumsum(layers, axis=1) - layers
+    return Stages(layers, w, np.broadcast_to(i, layers.shape).astype(float), np.broadcast_to(i == 0, layers.shape),
+                  i == (pp[:, None] - 1), start)
 
 
 def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
@@ -241,10 +280,10 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     rec_moe = np.where(rc == 2, moe_f, np.where(rc == 1, sel_moe, 0.0))
 
     # ---- stages -----------------------------------------------------------------------------------
-    SL = _stage_layers(model, a)
-    P = SL.shape[1]
-    valid = np.arange(P)[None, :] < pp[:, None]
-    n_dense = pipeline.dense_layers_per_stage(SL, model.dense_layers) if model.is_moe else SL
+    st = _stages(model, a)
+    SL = st.layers
+    valid = st.valid
+    n_dense = np.clip(model.dense_layers - st.start, 0, SL) if model.is_moe else SL
     n_moe = SL - n_dense
     rl = np.where(a.recompute_layers[:, None] < 0, SL, np.minimum(a.recompute_layers[:, None], SL))
     rec_frac = np.where(SL > 0, rl / np.maximum(SL, 1), 0.0)
@@ -260,8 +299,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                                   np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
     t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * 4.0 * 3)
     t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * 2.0 * 3)
-    first = np.arange(P)[None, :] == 0
-    last = np.arange(P)[None, :] == (pp[:, None] - 1)
+    first, last = st.first, st.last
     stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
     stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
 
@@ -271,7 +309,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                                    np.where(pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
     p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * fw["p2p_exposed"] * cal.comm_exposed, 0.0)
     stage_time = stage_f + stage_b + stage_rec + col(p2p_stage)
-    pipe_s, bubble_s = pipeline.pipeline_time_s(stage_time, valid, m, vpp)
+    pipe_s, bubble_s = pipeline.pipeline_time_s(stage_time, st.weight, m, vpp)
 
     # ---- data-parallel gradients / parameters ------------------------------------------------
     lp_dense = layer_params(model, False)
@@ -350,7 +388,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                       + (SL - rl) * (n_dense / np.maximum(SL, 1) * col(act_none_dense)
                                      + n_moe / np.maximum(SL, 1) * col(act_none_moe)),
                       n_dense * col(act_dense) + n_moe * col(act_moe))
-    inflight = pipeline.in_flight_microbatches(pp, vpp, m, P)
+    inflight = pipeline.in_flight_microbatches(pp, vpp, m, st.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     act_bytes_stage = per_mb * inflight + working + last * col(memory.logits_bytes(model, tokens, tp))
@@ -438,7 +476,11 @@ def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
              profile: HardwareProfile | None = None, moe_imbalance: float = 1.0) -> StepEstimate:
-    """Step time and memory of one plan."""
+    """Step time and memory of one plan, with every pipeline stage reported."""
+    if plan.layers_per_stage is None:
+        per, rem = divmod(model.layers, plan.pp)
+        split = tuple(per + (1 if 1 <= i <= rem else 0) for i in range(plan.pp))
+        plan = plan.model_copy(update={"layers_per_stage": split})
     out = estimate_arrays(model, cluster, PlanArrays.from_plans([plan]), profile=profile,
                           framework=plan.framework, moe_imbalance=moe_imbalance)
     return to_step_estimate(out, 0)

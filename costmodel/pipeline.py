@@ -28,28 +28,23 @@ def stage_split_even(layers: int, pp: np.ndarray, max_pp: int) -> np.ndarray:
     return counts.astype(float)
 
 
-def dense_layers_per_stage(stage_layers: np.ndarray, dense_layers: int) -> np.ndarray:
-    """How many of each stage's layers are among the first ``dense_layers`` (MoE models)."""
-    start = np.cumsum(stage_layers, axis=1) - stage_layers
-    return np.clip(dense_layers - start, 0, stage_layers)
-
-
-def pipeline_time_s(stage_time_s: np.ndarray, valid: np.ndarray, m, vpp) -> tuple[np.ndarray, np.ndarray]:
-    """Step time of the pipelined part and its bubble, from (n_plans, max_pp) stage times."""
-    t = np.where(valid, stage_time_s, 0.0)
+def pipeline_time_s(stage_time_s: np.ndarray, weight: np.ndarray, m, vpp) -> tuple[np.ndarray, np.ndarray]:
+    """Step time of the pipelined part and its bubble, from (n_plans, n_columns) stage times where each
+    column stands for ``weight`` identical stages."""
+    t = np.where(weight > 0, stage_time_s, 0.0)
     t_max = t.max(axis=1)
-    fill = (t.sum(axis=1) - t_max) / np.asarray(vpp, dtype=float)
+    fill = ((t * weight).sum(axis=1) - t_max) / np.asarray(vpp, dtype=float)
     m = np.asarray(m, dtype=float)
     return m * t_max + fill, fill
 
 
-def in_flight_microbatches(pp, vpp, m, max_pp: int) -> np.ndarray:
+def in_flight_microbatches(pp, vpp, m, stage_index: np.ndarray) -> np.ndarray:
     """Micro-batches whose activations stage i holds at its peak under 1F1B (Korthikanti Sec. 4.2.3):
     stage i keeps p - i; interleaving multiplies the first stage's by 1 + (p-1)/(p*v)."""
     pp = np.asarray(pp, dtype=float)[:, None]
     vpp = np.asarray(vpp, dtype=float)[:, None]
     m = np.asarray(m, dtype=float)[:, None]
-    i = np.arange(max_pp)[None, :]
+    i = stage_index
     base = np.minimum(m, np.maximum(pp - i, 1.0))
     inter = np.where(vpp > 1, 1.0 + (pp - 1) / (pp * vpp), 1.0)
     return base * inter

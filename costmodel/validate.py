@@ -225,24 +225,45 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
     return cases, errors
 
 
+def recompute_options(plan: ParallelPlan, model: ModelSpec) -> list[ParallelPlan]:
+    """What a framework user tries, in order, until the run fits: no recompute, selective, then full
+    recompute of a growing number of layers per stage (Megatron --recompute-num-layers), then all."""
+    per_stage = max(1, model.layers // plan.pp)
+    chunk = max(1, per_stage // plan.vpp)
+    opts = [plan.model_copy(update={"recompute": "none", "recompute_layers": None}),
+            plan.model_copy(update={"recompute": "selective", "recompute_layers": None})]
+    for frac in (0.125, 0.25, 0.5, 0.75):
+        k = max(1, int(round(chunk * frac)))
+        if k < chunk:
+            opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": k * plan.vpp}))
+    opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": None}))
+    return opts
+
+
+def _describe_recompute(plan: ParallelPlan) -> str:
+    if plan.recompute == "full" and plan.recompute_layers is not None:
+        return f"full:{plan.recompute_layers}"
+    return plan.recompute
+
+
 def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     """Predict one case; an unknown recompute setting takes the least recompute that fits."""
     prof = profile or load_profile(case.cluster.gpu)
-    options = [case.plan.recompute] if case.recompute_known else ["none", "selective", "full"]
-    plans = [case.plan.model_copy(update={"recompute": r}) for r in options]
+    plans = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model)
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     fits = out["fits"]
-    idx = int(np.argmax(fits)) if fits.any() else len(options) - 1
+    idx = int(np.argmax(fits)) if fits.any() else len(plans) - 1
     assumed = list(case.assumed)
     if not case.recompute_known:
-        assumed.append(f"recompute={options[idx]} (least that fits)")
+        assumed.append(f"recompute={_describe_recompute(plans[idx])} (least that fits)")
     peak = out["peak_memory_bytes"][idx]
     return {
         "predicted_step_time_s": float(out["step_time_s"][idx]),
         "predicted_peak_memory_bytes": float(np.nanmax(peak)),
         "fits": bool(fits[idx]),
         "assumed": assumed,
+        "plan": plans[idx],
     }
 
 
@@ -280,6 +301,7 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                          "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
+        pred.pop("plan")
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                      "model_name": c.model.name, **pred, "published_step_time_s": c.published_step_time_s,
                      "error": None if ok else "non-finite prediction",
@@ -297,10 +319,7 @@ def measurements_for(cases: list[Case]) -> list:
 
     out = []
     for c in cases:
-        plan = c.plan
-        if not c.recompute_known:
-            chosen = [a for a in predict_case(c)["assumed"] if a.startswith("recompute=")][-1]
-            plan = plan.model_copy(update={"recompute": chosen.split("=")[1].split()[0]})
+        plan = c.plan if c.recompute_known else predict_case(c)["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out
 

@@ -1,0 +1,194 @@
+"""The ``plan`` command: parse arguments, dispatch, print. Nothing else lives here.
+
+    plan --model 70b --cluster h100x512.yaml         search layouts, print the ranked table
+    plan check --model 70b --cluster ... --tp 8 ...  predict one layout and check it against every rule
+    plan validate PATH.csv [--json OUT]              score the cost model against published runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from costmodel.profiles import InputError
+
+SUBCOMMANDS = ("check", "validate")
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    """Write JSON next to its destination and rename, so a failure never leaves half a file."""
+    target = Path(path)
+    if target.parent and not target.parent.exists():
+        raise InputError(f"{path}: directory {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _model_cluster(args):
+    from costmodel.catalog import get_model
+    from costmodel.profiles import load_cluster
+
+    model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
+    cluster = load_cluster(args.cluster)
+    return model, cluster
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b, deepseek-v3) or a HF config.json")
+    p.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: ~4M tokens)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def cmd_search(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan", description="Search parallel layouts for a model on a cluster.")
+    _common(ap)
+    ap.add_argument("--top", type=int, default=10, help="plans to show")
+    args = ap.parse_args(argv)
+    from planner.report import console, plan_row, ranked_table
+    from planner.search import exhaustive
+    from planner.space import default_global_batch
+
+    model, cluster = _model_cluster(args)
+    gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
+    res = exhaustive(model, cluster, gbs)
+    if res.evaluated == 0:
+        raise InputError(f"no layout of {model.name} ({model.layers} layers) on {cluster.num_gpus} GPUs with "
+                         f"global batch {gbs} passes Megatron's rules; try a global batch that is a multiple of "
+                         f"the data-parallel size, or a GPU count that divides by the pipeline depth")
+    rows = [plan_row(res, r) for r in range(min(args.top, len(res.order)))]
+    if args.json:
+        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs,
+                          "evaluated": res.evaluated, "plans": rows}, indent=1))
+        return 0 if res.any_fits else 1
+    con = console()
+    con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
+                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} valid layouts scored"))
+    if not res.any_fits:
+        con.print("[red]No layout fits in memory.[/red] The closest is shown first; more GPUs, a smaller "
+                  "micro-batch or full recompute would be needed.")
+        return 1
+    return 0
+
+
+def cmd_check(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan check", description="Predict and check one layout.")
+    _common(ap)
+    for deg in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp"):
+        ap.add_argument(f"--{deg}", type=int, default=None if deg == "dp" else 1)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    ap.add_argument("--recompute-layers", type=int, default=None)
+    ap.add_argument("--no-sequence-parallel", action="store_true")
+    ap.add_argument("--no-distributed-optimizer", action="store_true")
+    args = ap.parse_args(argv)
+    from costmodel.estimate import estimate
+    from costmodel.rules import check_plan, schedule_notes
+    from costmodel.specs import ParallelPlan
+    from planner.report import console, estimate_table
+    from planner.space import default_global_batch
+
+    model, cluster = _model_cluster(args)
+    dp = args.dp or max(1, cluster.num_gpus // (args.tp * args.pp * args.cp))
+    gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
+    plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
+                        sequence_parallel=not args.no_sequence_parallel, micro_batch=args.micro_batch,
+                        global_batch=gbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
+                        distributed_optimizer=not args.no_distributed_optimizer,
+                        zero_stage=0 if args.no_distributed_optimizer else 1)
+    check_plan(model, plan, cluster.num_gpus)
+    est = estimate(model, cluster, plan)
+    if args.json:
+        print(json.dumps({"plan": plan.model_dump(), "estimate": est.model_dump(),
+                          "notes": schedule_notes(plan)}, indent=1))
+        return 0
+    con = console()
+    con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
+                                  f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}"))
+    for note in schedule_notes(plan):
+        con.print(f"note: {note}")
+    return 0
+
+
+def cmd_validate(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan validate",
+                                 description="Predict every scored row of a published-runs CSV.")
+    ap.add_argument("csv", help="CSV with the columns of data/validation/published_runs.csv")
+    ap.add_argument("--json", metavar="OUT", help="write rows and summary as JSON to OUT")
+    ap.add_argument("--cross-validate", action="store_true",
+                    help="also refit the profiles without each source in turn and predict it")
+    args = ap.parse_args(argv)
+    from planner.report import console, validation_tables
+    from costmodel.validate import cross_validate, validate
+
+    result = validate(args.csv)
+    con = console()
+    for t in validation_tables(result["summary"]):
+        con.print(t)
+    if args.cross_validate:
+        from rich.progress import Progress
+
+        sources = sorted({r["source_id"] for r in result["rows"]})
+        with Progress(console=console(stderr=True), transient=True) as prog:
+            task = prog.add_task("leave-one-source-out folds", total=len(sources))
+            cv = cross_validate(args.csv, progress=lambda _: prog.advance(task))
+        result["cross_validation"] = cv
+        from rich.table import Table
+
+        t = Table(title="Leave-one-source-out (profiles refitted without the source)", header_style="bold")
+        for col in ("left out", "rows", "MAPE %", "median %", "p90 %"):
+            t.add_column(col, justify="left" if col == "left out" else "right")
+        for f in cv["folds"]:
+            t.add_row(f["left_out"], str(f["count"]), f"{f['mape']:.1f}", f"{f['median_ape']:.1f}", f"{f['p90_ape']:.1f}")
+        o = cv["summary"]["overall"]
+        t.add_row("all folds", str(o["count"]), f"{o['mape']:.1f}", f"{o['median_ape']:.1f}", f"{o['p90_ape']:.1f}",
+                  style="bold")
+        con.print(t)
+    if args.json:
+        rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "predicted_step_time_s",
+                                        "published_step_time_s", "predicted_peak_memory_bytes", "fits", "error",
+                                        "assumed")} for r in result["rows"]]
+        out = {"rows": rows, "summary": result["summary"]}
+        if "cross_validation" in result:
+            out["cross_validation"] = result["cross_validation"]
+        _write_json_atomic(args.json, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "check":
+            return cmd_check(argv[1:])
+        if argv and argv[0] == "validate":
+            return cmd_validate(argv[1:])
+        return cmd_search(argv)
+    except InputError as exc:
+        print(f"plan: error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"]) or exc.title
+        print(f"plan: error: {exc.title} field '{loc}': {e['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Tables for people (rich) and dictionaries for scripts (--json)."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.estimate import BREAKDOWN_KEYS
+from costmodel.specs import StepEstimate
+from planner.search import SearchResult, to_plan
+
+GB = 1e9
+
+
+def plan_row(result: SearchResult, rank: int) -> dict:
+    i = int(result.order[rank])
+    s = result.scores
+    plan = to_plan(result.plans, i)
+    peak = float(np.nanmax(s["peak_memory_bytes"][i]))
+    return {
+        "rank": rank + 1,
+        "plan": plan.model_dump(exclude={"rank_order", "framework", "layers_per_stage"}),
+        "step_time_s": float(s["step_time_s"][i]),
+        "tokens_per_s_per_gpu": float(s["tokens_per_s_per_gpu"][i]),
+        "mfu": float(s["mfu"][i]),
+        "peak_memory_bytes": peak,
+        "memory_capacity_bytes": float(s["memory_capacity_bytes"][i]),
+        "fits": bool(s["fits"][i]),
+        "breakdown_s": {k.removesuffix("_s"): float(s[k][i]) for k in BREAKDOWN_KEYS},
+    }
+
+
+def layout(p: dict) -> str:
+    parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
+    if p["vpp"] > 1:
+        parts.append(f"vpp{p['vpp']}")
+    parts.append(f"dp{p['dp']}")
+    if p["cp"] > 1:
+        parts.append(f"cp{p['cp']}")
+    if p["ep"] > 1:
+        parts.append(f"ep{p['ep']}")
+    return " ".join(parts)
+
+
+def ranked_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title, header_style="bold")
+    for col, just in (("#", "right"), ("layout", "left"), ("mbs", "right"), ("recompute", "left"),
+                      ("step s", "right"), ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GB", "right"),
+                      ("headroom", "right"), ("compute", "right"), ("bubble", "right"), ("exposed comm", "right")):
+        t.add_column(col, justify=just)
+    for r in rows:
+        p, b = r["plan"], r["breakdown_s"]
+        comm = sum(v for k, v in b.items() if k.endswith("comm_exposed"))
+        head = 1 - r["peak_memory_bytes"] / r["memory_capacity_bytes"]
+        t.add_row(str(r["rank"]), layout(p), str(p["micro_batch"]), p["recompute"], f"{r['step_time_s']:.3f}",
+                  f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['mfu'] * 100:.1f}%", f"{r['peak_memory_bytes'] / GB:.1f}",
+                  f"{head * 100:.0f}%" if r["fits"] else "[red]no fit[/red]", f"{b['compute']:.2f}",
+                  f"{b['bubble']:.2f}", f"{comm:.2f}")
+    return t
+
+
+def estimate_table(e: StepEstimate, title: str) -> Table:
+    t = Table(title=title, header_style="bold")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("step time", f"{e.step_time_s:.3f} s  (bounds {e.step_time_lower_s:.3f} - {e.step_time_upper_s:.3f})")
+    t.add_row("tokens/s/GPU", f"{e.tokens_per_s_per_gpu:.0f}")
+    t.add_row("MFU", f"{e.mfu * 100:.1f}%")
+    for k, v in e.breakdown_s.items():
+        t.add_row(f"  {k}", f"{v:.3f} s")
+    t.add_row("stage times (1 micro-batch)", ", ".join(f"{x * 1e3:.1f}" for x in e.stage_time_s) + " ms")
+    t.add_row("peak memory per stage", ", ".join(f"{x / GB:.1f}" for x in e.peak_memory_bytes) + " GB")
+    t.add_row("capacity", f"{e.memory_capacity_bytes / GB:.1f} GB ({'fits' if e.fits else '[red]does not fit[/red]'})")
+    for k, v in e.memory_breakdown_bytes.items():
+        t.add_row(f"  {k} (stage 1)", f"{v / GB:.2f} GB")
+    return t
+
+
+def validation_tables(summary: dict) -> list[Table]:
+    out = []
+    for key, title in (("by_source", "by source"), ("by_gpu", "by GPU type")):
+        t = Table(title=f"Step-time error {title}", header_style="bold")
+        for col in ("group", "rows", "predicted", "MAPE %", "median %", "p90 %"):
+            t.add_column(col, justify="left" if col == "group" else "right")
+        groups = dict(summary[key])
+        groups["all"] = summary["overall"]
+        for name, st in groups.items():
+            fmt = (lambda v: "-" if v is None else f"{v:.1f}")  # noqa: E731
+            t.add_row(name, str(st["count"]), str(st["predicted"]), fmt(st["mape"]), fmt(st["median_ape"]),
+                      fmt(st["p90_ape"]), style="bold" if name == "all" else None)
+        out.append(t)
+    return out
+
+
+def console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)

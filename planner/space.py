@@ -1,0 +1,76 @@
+"""The search space: every layout Megatron accepts for a model on a cluster, as columns of plans.
+
+Degrees are powers of two (tp, cp, ep bounded by the NVLink domain / expert count), pp a divisor of the
+layers, vpp a divisor of the layers per stage, dp what is left of the world size. Only plans that pass
+every rule of ``costmodel.rules`` are returned; fitting in memory is the search's business.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from costmodel.estimate import RECOMPUTE_CODE, PlanArrays
+from costmodel.rules import divisors, valid_mask
+from costmodel.specs import ClusterSpec, ModelSpec
+
+RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODE.items()}
+MICRO_BATCHES = (1, 2, 4, 8)
+MAX_VPP = 16
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def default_global_batch(model: ModelSpec, num_gpus: int) -> int:
+    """About 4M tokens per step (Llama 3 pre-training used 4M-16M), rounded to a power of two."""
+    target = max(1, (4 * 2**20) // model.seq_len)
+    return int(2 ** round(np.log2(target)))
+
+
+def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
+                      micro_batches: tuple[int, ...] = MICRO_BATCHES,
+                      recompute: tuple[str, ...] = ("none", "selective", "full")) -> dict[str, np.ndarray]:
+    """All combinations of degrees and knobs (before the rules)."""
+    n = cluster.num_gpus
+    tps = [t for t in _pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
+    cps = [c for c in _pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
+    pps = [p for p in divisors(model.layers) if p <= 64 and n % p == 0]
+    eps = [e for e in _pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
+    rows = []
+    for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
+        if n % (tp * cp * pp):
+            continue
+        dp = n // (tp * cp * pp)
+        if ep > dp * cp * tp:
+            continue
+        per_stage = model.layers // pp
+        vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
+        for vpp, mbs, rc in itertools.product(vpps, micro_batches, recompute):
+            rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc]))
+    if not rows:
+        return {k: np.zeros(0) for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute")}
+    arr = np.array(rows, dtype=float)
+    cols = dict(zip(("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute"), arr.T))
+    cols["global_batch"] = np.full(len(arr), float(global_batch))
+    cols["sp"] = cols["tp"] > 1
+    return cols
+
+
+def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw) -> PlanArrays:
+    """Candidate plans that satisfy every Megatron rule, as PlanArrays."""
+    cols = candidate_columns(model, cluster, global_batch, **kw)
+    if len(cols["tp"]) == 0:
+        return PlanArrays.from_columns(0, global_batch=global_batch)
+    mask_cols = {k: cols[k].astype(np.int64) for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch",
+                                                      "global_batch")}
+    mask_cols["sequence_parallel"] = cols["sp"]
+    ok = valid_mask(model, mask_cols, cluster.num_gpus)
+    sel = {k: v[ok] for k, v in cols.items()}
+    return PlanArrays.from_columns(int(ok.sum()), **sel)

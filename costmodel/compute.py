@@ -48,7 +48,7 @@ def attention_time_s(profile: HardwareProfile, fwd_flops, seq_len_local, head_di
     Short sequences and narrow heads run less efficiently (same saturating curve on min(s, 8*d)).
     """
     shape_dim = np.minimum(np.asarray(seq_len_local, dtype=float), 8.0 * head_dim)
-    base = gemm_efficiency(profile, "bf16", shape_dim)
+    base = gemm_efficiency(profile, "bf16", shape_dim) * profile.calibration.attention_efficiency
     fwd = np.asarray(fwd_flops, dtype=float) / (profile.peak("bf16") * base * ATTN_FWD_EFFICIENCY)
     bwd = 2.5 * np.asarray(fwd_flops, dtype=float) / (profile.peak("bf16") * base * ATTN_BWD_EFFICIENCY)
     return fwd, bwd

@@ -259,8 +259,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                                                   + 4 * h)  # activation + permute/unpermute copies
         if fp8:
             elem_exp = elem_exp + own * k_top * q * (h + model.expert_ffn / etp)
-        mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared + elem_exp + own * E * 3))
-        t_a2a = 2 * comm.moe_dispatch_time_s(prof, cluster, own * h * 2.0 * moe_imbalance, k_top, ep, ep_k, ep_N)
+        # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
+        # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
+        mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared
+                                                          + cal.moe_overhead * (elem_exp + own * E * 3)))
+        t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * 2.0 * moe_imbalance, k_top, ep, ep_k, ep_N)
         t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
         moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed

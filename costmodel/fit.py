@@ -24,6 +24,8 @@ FACTORS: dict[str, tuple[float, float, tuple[float, float]]] = {
     "memory_bound_efficiency": (0.7, 0.30, (0.2, 1.0)),
     "moe_overhead": (1.0, 0.50, (0.2, 5.0)),
     "comm_exposed": (1.0, 0.50, (0.1, 3.0)),
+    "attention_efficiency": (1.0, 0.20, (0.4, 1.5)),
+    "a2a_time": (1.0, 0.50, (0.2, 5.0)),
 }
 
 
@@ -52,11 +54,11 @@ def predict(measurements: list[Measurement], profile: HardwareProfile) -> np.nda
 
 
 def _relevant(measurements: list[Measurement]) -> list[str]:
-    names = ["gemm_efficiency", "memory_bound_efficiency", "comm_exposed"]
+    names = ["gemm_efficiency", "memory_bound_efficiency", "comm_exposed", "attention_efficiency"]
     if any(m.model.precision in ("fp8", "mxfp8", "nvfp4") for m in measurements):
         names.append("fp8_gemm_efficiency")
     if any(m.model.is_moe for m in measurements):
-        names.append("moe_overhead")
+        names += ["moe_overhead", "a2a_time"]
     return names
 
 
@@ -86,13 +88,13 @@ def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *
 
     def residuals(x: np.ndarray) -> np.ndarray:
         pred = predict(measurements, calib(x))
-        data = np.log(pred / measured)
+        data = pred / measured - 1.0
         prior = prior_w * (x - x0) * np.sqrt(max(len(measurements), 1)) * 0.1
         return np.concatenate([data, prior])
 
     before = predict(measurements, profile)
     res = least_squares(residuals, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.1, diff_step=0.02, max_nfev=60)
+                        f_scale=0.03, diff_step=0.02, max_nfev=100)
     fitted = calib(res.x)
     after = predict(measurements, fitted)
     ape = lambda p: float(np.mean(np.abs(p - measured) / measured) * 100)  # noqa: E731

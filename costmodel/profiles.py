@@ -75,6 +75,10 @@ class Calibration(_Frozen):
     """Multiplier on MoE routing/permutation/grouped-GEMM overheads."""
     comm_exposed: float = Field(default=1.0, ge=0)
     """Multiplier on the exposed share of overlappable communication."""
+    attention_efficiency: float = Field(default=1.0, gt=0)
+    """Multiplier on the flash-attention efficiency."""
+    a2a_time: float = Field(default=1.0, gt=0)
+    """Multiplier on MoE dispatch/combine all-to-all time."""
     fitted_by: str = "defaults (not fitted)"
     """Script and data that produced these factors."""
 

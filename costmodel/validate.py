@@ -216,8 +216,15 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
             published = float(row["step_time_s"])
-        except (InputError, ValidationError, ValueError, TypeError, KeyError) as exc:
-            msg = str(exc).splitlines()[0]
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"]) or "(row)"
+            msg = f"{p}: row {i}: {exc.title} field '{loc}': {e['msg']} (got {e.get('input')!r})"
+            errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
+                           "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
+            continue
+        except (InputError, ValueError, TypeError, KeyError) as exc:
+            msg = f"{p}: row {i}: {str(exc).splitlines()[0]}"
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
                            "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
             continue
@@ -240,6 +247,15 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec) -> list[ParallelPlan
     return opts
 
 
+def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
+    """A published run that cannot fit as described must have sharded more than the row says: try the
+    same plan with gradients (ZeRO-2) and then weights (ZeRO-3 / FSDP) sharded over data parallelism."""
+    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3:
+        return []
+    return [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in (2, 3)
+            if z > plan.zero_stage]
+
+
 def _describe_recompute(plan: ParallelPlan) -> str:
     if plan.recompute == "full" and plan.recompute_layers is not None:
         return f"full:{plan.recompute_layers}"
@@ -249,14 +265,18 @@ def _describe_recompute(plan: ParallelPlan) -> str:
 def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     """Predict one case; an unknown recompute setting takes the least recompute that fits."""
     prof = profile or load_profile(case.cluster.gpu)
-    plans = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model)
+    base = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model)
+    plans = base + [q for p in sharding_fallbacks(case.plan)
+                    for q in ([p] if case.recompute_known else recompute_options(p, case.model))]
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     fits = out["fits"]
-    idx = int(np.argmax(fits)) if fits.any() else len(plans) - 1
+    idx = int(np.argmax(fits)) if fits.any() else len(base) - 1
     assumed = list(case.assumed)
     if not case.recompute_known:
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (least that fits)")
+    if plans[idx].zero_stage != case.plan.zero_stage:
+        assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     peak = out["peak_memory_bytes"][idx]
     return {
         "predicted_step_time_s": float(out["step_time_s"][idx]),

@@ -141,8 +141,6 @@ def test_validate_malformed_row_is_a_miss_not_a_crash(malformed_row_result):
     assert overall["misses"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="the row error is the first line of pydantic's message, "
-                   "'1 validation error for ModelSpec', which does not name the field (layers) or the value")
 def test_validate_malformed_row_error_names_the_field(malformed_row_result):
     _, _, data = malformed_row_result
     bad = next(r for r in data["rows"] if r["row"] == 1)
@@ -189,9 +187,6 @@ def test_validate_published_rows_and_summary(published):
     assert overall["misses"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "row 239 (MBRIDGE_PERF_ARCHIVE, Llama3-70B nvfp4 on 64 GB300, tp1 pp1 dp64, mbs2, gbs256, 'ddp (FSDP=0)') "
-    "is predicted not to fit even with full recompute: peak 395.7 GiB vs 265.0 GiB usable"))
 def test_validate_published_runs_all_fit(published):
     """Published runs actually ran, so every one must fit."""
     no_fit = [(r["row"], r["source_id"]) for r in published["rows"] if not r["fits"]]

@@ -40,16 +40,17 @@ class Measurement:
 
 
 def predict(measurements: list[Measurement], profile: HardwareProfile) -> np.ndarray:
-    """Predicted step time of each measurement; identical configurations are scored once."""
+    """Predicted step time of each measurement: one vectorised call per (model, cluster, framework),
+    identical plans scored once."""
     out = np.empty(len(measurements))
-    seen: dict[tuple, float] = {}
+    groups: dict[tuple, dict[ParallelPlan, list[int]]] = {}
     for i, m in enumerate(measurements):
-        key = (m.model, m.cluster, m.plan)
-        if key not in seen:
-            r = estimate_arrays(m.model, m.cluster, PlanArrays.from_plans([m.plan]), profile=profile,
-                                framework=m.plan.framework)
-            seen[key] = float(r["step_time_s"][0])
-        out[i] = seen[key]
+        groups.setdefault((m.model, m.cluster, m.plan.framework), {}).setdefault(m.plan, []).append(i)
+    for (model, cluster, framework), by_plan in groups.items():
+        plans = list(by_plan)
+        r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=profile, framework=framework)
+        for j, plan in enumerate(plans):
+            out[by_plan[plan]] = r["step_time_s"][j]
     return out
 
 
@@ -63,7 +64,7 @@ def _relevant(measurements: list[Measurement]) -> list[str]:
 
 
 def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *, fitted_by: str,
-                    min_measurements: int | None = None) -> tuple[Calibration, dict]:
+                    min_measurements: int | None = None, max_nfev: int = 100) -> tuple[Calibration, dict]:
     """Least-squares fit of the profile's factors; returns the calibration and a before/after report.
 
     Refuses (ValueError) when there are fewer measurements than factors to fit.
@@ -94,7 +95,8 @@ def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *
 
     before = predict(measurements, profile)
     res = least_squares(residuals, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.03, diff_step=0.02, max_nfev=100)
+                        f_scale=0.03, diff_step=0.02, max_nfev=max_nfev,
+                        ftol=1e-3, xtol=1e-3, gtol=1e-4)
     fitted = calib(res.x)
     after = predict(measurements, fitted)
     ape = lambda p: float(np.mean(np.abs(p - measured) / measured) * 100)  # noqa: E731

@@ -29,7 +29,7 @@ def gemm_efficiency(profile: HardwareProfile, dtype: str, min_dim) -> np.ndarray
     reaches the profile's best-shape efficiency (MAMF), then scaled by the calibration factors.
     """
     d = np.maximum(np.asarray(min_dim, dtype=float), 1.0)
-    dh = profile.gemm_half_efficiency_dim
+    dh = profile.gemm_half_efficiency_dim * profile.calibration.gemm_shape
     shape = (d / (d + dh)) / (_REF_DIM / (_REF_DIM + dh))
     eff = profile.max_efficiency(dtype) * np.minimum(shape, 1.0) * profile.calibration.gemm_efficiency
     if dtype in ("fp8", "fp4"):

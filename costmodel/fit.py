@@ -25,6 +25,7 @@ FACTORS: dict[str, tuple[float, float, tuple[float, float]]] = {
     "moe_overhead": (1.0, 0.50, (0.2, 5.0)),
     "comm_exposed": (1.0, 0.50, (0.1, 3.0)),
     "attention_efficiency": (1.0, 0.20, (0.4, 1.5)),
+    "gemm_shape": (1.0, 0.70, (0.25, 4.0)),
     "a2a_time": (1.0, 0.50, (0.2, 5.0)),
 }
 
@@ -54,22 +55,25 @@ def predict(measurements: list[Measurement], profile: HardwareProfile) -> np.nda
     return out
 
 
-def _relevant(measurements: list[Measurement]) -> list[str]:
-    names = ["gemm_efficiency", "memory_bound_efficiency", "comm_exposed", "attention_efficiency"]
+def relevant_factors(measurements: list[Measurement]) -> list[str]:
+    """Factors the measurements can inform, most important first."""
+    names = ["gemm_efficiency", "comm_exposed", "memory_bound_efficiency"]
     if any(m.model.precision in ("fp8", "mxfp8", "nvfp4") for m in measurements):
         names.append("fp8_gemm_efficiency")
+    names += ["attention_efficiency", "gemm_shape"]
     if any(m.model.is_moe for m in measurements):
         names += ["moe_overhead", "a2a_time"]
     return names
 
 
 def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *, fitted_by: str,
-                    min_measurements: int | None = None, max_nfev: int = 100) -> tuple[Calibration, dict]:
+                    factors: list[str] | None = None, min_measurements: int | None = None,
+                    max_nfev: int = 100) -> tuple[Calibration, dict]:
     """Least-squares fit of the profile's factors; returns the calibration and a before/after report.
 
     Refuses (ValueError) when there are fewer measurements than factors to fit.
     """
-    names = _relevant(measurements)
+    names = factors or relevant_factors(measurements)
     need = min_measurements if min_measurements is not None else len(names)
     if len(measurements) < need:
         raise ValueError(f"{len(measurements)} measurement(s) for {len(names)} factor(s) ({', '.join(names)}); "

@@ -75,6 +75,8 @@ class Calibration(_Frozen):
     """Multiplier on MoE routing/permutation/grouped-GEMM overheads."""
     comm_exposed: float = Field(default=1.0, ge=0)
     """Multiplier on the exposed share of overlappable communication."""
+    gemm_shape: float = Field(default=1.0, gt=0)
+    """Multiplier on gemm_half_efficiency_dim: how fast GEMM efficiency falls for narrow shapes."""
     attention_efficiency: float = Field(default=1.0, gt=0)
     """Multiplier on the flash-attention efficiency."""
     a2a_time: float = Field(default=1.0, gt=0)

@@ -349,7 +349,7 @@ def fit_profiles(cases: list[Case], *, fitted_by: str, exclude_source: str | Non
 
     Profiles with fewer cases than factors keep their defaults. Returns ({profile: HardwareProfile}, reports).
     """
-    from costmodel.fit import fit_calibration
+    from costmodel.fit import fit_calibration, relevant_factors
     from costmodel.profiles import Calibration
 
     train = [c for c in cases if c.source_id != exclude_source]
@@ -360,8 +360,11 @@ def fit_profiles(cases: list[Case], *, fitted_by: str, exclude_source: str | Non
     for gpu in sorted({c.cluster.gpu for c in cases}):
         prof = load_profile(gpu).model_copy(update={"calibration": Calibration()})
         rows = by_gpu.get(gpu, [])
+        ms = measurements_for(rows)
+        # Fewer measurements than factors: fit only the most important ones (one fewer than the rows).
+        names = relevant_factors(ms)[:max(1, len(ms) - 1)]
         try:
-            cal, rep = fit_calibration(measurements_for(rows), prof, fitted_by=fitted_by)
+            cal, rep = fit_calibration(ms, prof, fitted_by=fitted_by, factors=names)
             prof = prof.model_copy(update={"calibration": cal})
         except ValueError as exc:
             rep = {"profile": gpu, "measurements": len(rows), "skipped": str(exc)}

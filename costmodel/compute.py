@@ -34,6 +34,8 @@ def gemm_efficiency(profile: HardwareProfile, dtype: str, min_dim) -> np.ndarray
     eff = profile.max_efficiency(dtype) * np.minimum(shape, 1.0) * profile.calibration.gemm_efficiency
     if dtype in ("fp8", "fp4"):
         eff = eff * profile.calibration.fp8_gemm_efficiency
+    if dtype == "fp4":
+        eff = eff * profile.calibration.fp4_gemm_efficiency
     return np.minimum(eff, 0.98)
 
 

@@ -21,6 +21,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
 FACTORS: dict[str, tuple[float, float, tuple[float, float]]] = {
     "gemm_efficiency": (1.0, 0.15, (0.5, 1.3)),
     "fp8_gemm_efficiency": (1.0, 0.20, (0.4, 1.5)),
+    "fp4_gemm_efficiency": (1.0, 0.30, (0.3, 1.5)),
     "memory_bound_efficiency": (0.7, 0.30, (0.2, 1.0)),
     "moe_overhead": (1.0, 0.50, (0.2, 5.0)),
     "comm_exposed": (1.0, 0.50, (0.1, 3.0)),
@@ -60,6 +61,8 @@ def relevant_factors(measurements: list[Measurement]) -> list[str]:
     names = ["gemm_efficiency", "comm_exposed", "memory_bound_efficiency"]
     if any(m.model.precision in ("fp8", "mxfp8", "nvfp4") for m in measurements):
         names.append("fp8_gemm_efficiency")
+    if any(m.model.precision == "nvfp4" for m in measurements):
+        names.append("fp4_gemm_efficiency")
     names += ["attention_efficiency", "gemm_shape"]
     if any(m.model.is_moe for m in measurements):
         names += ["moe_overhead", "a2a_time"]

@@ -69,6 +69,8 @@ class Calibration(_Frozen):
     """Multiplier on the GEMM efficiency curve as real training kernels reach it."""
     fp8_gemm_efficiency: float = Field(default=1.0, gt=0)
     """Extra multiplier on fp8/fp4 GEMMs (quantisation, scaling overheads)."""
+    fp4_gemm_efficiency: float = Field(default=1.0, gt=0)
+    """Extra multiplier on fp4 (NVFP4) GEMMs, on top of the fp8 one (no fp4 MAMF is published)."""
     memory_bound_efficiency: float = Field(default=0.7, gt=0)
     """Fraction of HBM bandwidth reached by element-wise kernels."""
     moe_overhead: float = Field(default=1.0, gt=0)

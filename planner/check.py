@@ -1,0 +1,464 @@
+"""Diagnose one plan: what is off in its predicted step, and which nearby plan would do better.
+
+``diagnose(model, cluster, plan)`` estimates the plan, measures six figures against the product
+thresholds, and for every figure out of its band scores a small neighbourhood of alternative plans
+(one vectorised ``estimate_arrays`` call over at most ``MAX_CANDIDATES`` plans) to propose the best
+change that improves that figure:
+
+=================  ===========================================================  ===============
+kind               figure                                                        reported when
+=================  ===========================================================  ===============
+compute_efficiency achieved FLOP/s during compute (model FLOPs per GPU / the      < 60%
+                   'compute' seconds) over the dense peak of the GEMM dtype
+communication      exposed tp+cp+ep+pp+dp communication / step time               > 30% (warn)
+stage_imbalance    slowest / fastest pipeline stage (per micro-batch)             > 1.2 (warn)
+bubble             pipeline bubble / step time                                    > 5%; warn > 10%
+memory_high        peak memory of the fullest stage / usable capacity             > 85% (warn)
+memory_low         the same                                                       < 70% (info)
+expert_imbalance   hottest expert rank's load over the mean (moe_imbalance)       > 1.2 (warn)
+rule_note          costmodel.rules.schedule_notes (launch settings)               always (info)
+=================  ===========================================================  ===============
+
+Compute efficiency and a bubble of 5-10% are soft bands: they are ``info`` unless a neighbouring
+plan is predicted at least ``ACTIONABLE_GAIN`` (5%) faster while improving the figure, in which
+case they are ``warn`` (the plan is not healthy if an obvious neighbour beats it). Compute
+efficiency below 60% is common on its own (memory-bound kernels and attention count in the compute
+time; MoE expert GEMMs are small), so it is only worth a warning when something nearby fixes it.
+
+Every alternative passes ``costmodel.rules.violations`` with the cluster's GPU count and fits in
+memory. The neighbourhood (each move combined with micro_batch /2, x1, x2 and the three recompute
+modes): pp halved / doubled / the nearest valid depths with vpp adjusted (1, kept, doubled, same
+number of virtual stages), every other vpp, tp x2 and /2, cp 1 / 2 / x2, ep x2 and /2 (MoE), each
+with dp taking the rest of the GPUs; plus, for the stage balance, the even split and splits with
+one or two layers (in units of vpp) moved off the first and/or last stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from costmodel.compute import gemm_dtype
+from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.profiles import load_profile
+from costmodel.rules import divisors, schedule_notes, violations
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+
+__all__ = ["Finding", "diagnose", "format_findings", "neighbours", "THRESHOLDS"]
+
+FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
+                      "memory_low", "expert_imbalance", "rule_note"]
+
+THRESHOLDS = {
+    "compute_efficiency": 0.60,   # below: finding
+    "communication": 0.30,        # above: warn
+    "stage_imbalance": 1.20,      # max/min stage time above: warn
+    "bubble_info": 0.05,          # above: info
+    "bubble_warn": 0.10,          # above: warn
+    "memory_high": 0.85,          # above: warn
+    "memory_low": 0.70,           # below: info
+    "expert_imbalance": 1.20,     # above: warn (MoE models)
+}
+ACTIONABLE_GAIN = 0.05
+"""A soft-band finding becomes a warning when a neighbour is predicted this much faster (relative)."""
+MIN_IMPROVEMENT = 0.02
+"""An alternative must move the figure by at least this much (relative) to count as improving it."""
+MAX_CANDIDATES = 200
+"""Most alternative plans scored per diagnosis (one vectorised estimate call)."""
+COMM_KEYS = ("tp_comm_exposed", "cp_comm_exposed", "ep_comm_exposed", "pp_comm_exposed", "dp_comm_exposed")
+
+# The figure each kind is about: its key in ``predicted``, and whether lower is better.
+FIGURE = {
+    "compute_efficiency": ("compute_efficiency", False),
+    "communication": ("comm_fraction", True),
+    "stage_imbalance": ("stage_imbalance", True),
+    "bubble": ("bubble_fraction", True),
+    "memory_high": ("memory_fraction", True),
+    "memory_low": ("memory_fraction", False),
+    "expert_imbalance": ("moe_imbalance", True),
+}
+_ORDER = ("memory_high", "bubble", "stage_imbalance", "communication", "compute_efficiency", "expert_imbalance",
+          "memory_low", "rule_note")
+
+
+class Finding(BaseModel):
+    """One thing the diagnosis found, with the change that helps and what it is predicted to do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: FindingKind
+    """What was measured (see the module table)."""
+    severity: Literal["info", "warn"]
+    """warn: outside the healthy band (or a neighbour is much faster); info: worth knowing."""
+    message: str
+    """One line with the measured figure."""
+    suggestion: str
+    """The change that helps, e.g. 'pp 16 -> 8 with vpp 2' (or why none is proposed)."""
+    predicted: dict[str, list[float]] = {}
+    """Before/after of the figure and of step_time_s, e.g. {'bubble_fraction': [0.11, 0.06], ...}."""
+    gain: float = 0.0
+    """Relative step-time change of the suggestion (negative = faster); 0 when nothing is proposed."""
+    alternative: ParallelPlan | None = None
+    """The suggested plan (valid per costmodel.rules and fitting in memory), if any."""
+
+
+# Figures ---------------------------------------------------------------------------------------------
+
+
+class _Figures:
+    """The diagnosed figures for a batch of plans (arrays, one entry per plan)."""
+
+    def __init__(self, out: dict, plans: list[ParallelPlan], peak_flops: float):
+        world = np.array([p.tp * p.pp * p.dp * p.cp for p in plans], dtype=float)
+        step = np.asarray(out["step_time_s"], dtype=float)
+        self.step = step
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.compute_efficiency = (np.asarray(out["model_flops_per_step"], dtype=float) / world
+                                       / np.asarray(out["compute_s"]) / peak_flops)
+            self.comm_fraction = sum(np.asarray(out[k + "_s"]) for k in COMM_KEYS) / step
+            self.bubble_fraction = np.asarray(out["bubble_s"]) / step
+            st = out["stage_time_s"]
+            self.stage_imbalance = np.nanmax(st, axis=1) / np.nanmin(st, axis=1)
+            self.memory_fraction = np.nanmax(out["peak_memory_bytes"], axis=1) / out["memory_capacity_bytes"]
+        self.fits = np.asarray(out["fits"], dtype=bool)
+
+    def get(self, name: str) -> np.ndarray:
+        return getattr(self, name)
+
+
+def _base_figures(est: StepEstimate, plan: ParallelPlan, peak_flops: float) -> dict[str, float]:
+    b = est.breakdown_s
+    world = plan.tp * plan.pp * plan.dp * plan.cp
+    step = est.step_time_s
+    return {
+        "step_time_s": step,
+        "compute_efficiency": est.model_flops_per_step / world / b["compute"] / peak_flops if b["compute"] > 0 else 0.0,
+        "comm_fraction": sum(b[k] for k in COMM_KEYS) / step,
+        "bubble_fraction": b["bubble"] / step,
+        "stage_imbalance": max(est.stage_time_s) / min(est.stage_time_s),
+        "memory_fraction": max(est.peak_memory_bytes) / est.memory_capacity_bytes,
+    }
+
+
+# The neighbourhood -----------------------------------------------------------------------------------
+
+
+def _even_split(layers: int, pp: int) -> tuple[int, ...]:
+    """Megatron's default split as estimate() fills it (any remainder on the stages after the first)."""
+    per, rem = divmod(layers, pp)
+    return tuple(per + (1 if 1 <= i <= rem else 0) for i in range(pp))
+
+
+def _make(base: ParallelPlan, **upd) -> ParallelPlan | None:
+    if "recompute" in upd and upd["recompute"] != base.recompute:
+        upd.setdefault("recompute_layers", None)
+    if "pp" in upd and upd["pp"] != base.pp:
+        upd.setdefault("layers_per_stage", None)
+    try:
+        return ParallelPlan(**{**base.model_dump(), **upd})
+    except ValidationError:
+        return None
+
+
+def _edge_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
+    """The even split, and one or two layers (in units of vpp) moved off the first and/or last stage."""
+    pp, unit = plan.pp, max(plan.vpp, 1)
+    if pp < 2:
+        return []
+    base = list(_even_split(model.layers, pp))
+    out: list[tuple[int, ...]] = [tuple(base)]
+    if pp == 2:
+        for k in (-2, -1, 1, 2):
+            a, b = base[0] - k * unit, base[1] + k * unit
+            if a >= 0 and b >= 0:
+                out.append((a, b))
+        return out
+    for off_first in (0, 1, 2):
+        for off_last in (0, 1, 2):
+            if off_first == off_last == 0:
+                continue
+            s = base.copy()
+            s[0] -= off_first * unit
+            s[-1] -= off_last * unit
+            if s[0] < 0 or s[-1] < 0:
+                continue
+            moved = off_first + off_last
+            for j in range(moved):
+                s[1 + j % (pp - 2)] += unit
+            out.append(tuple(s))
+    return out
+
+
+def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+               limit: int = MAX_CANDIDATES) -> list[tuple[str, ParallelPlan]]:
+    """Valid alternative plans near ``plan`` as (family, plan): family is the move (pp, vpp, tp, cp, ep,
+    knobs, split); each structural move is combined with micro_batch /2, x1, x2 and every recompute mode."""
+    n = cluster.num_gpus
+    tp, pp, vpp, cp, ep = plan.tp, plan.pp, plan.vpp, plan.cp, plan.ep
+
+    def dp_for(t: int, p: int, c: int) -> int | None:
+        rest = t * p * c
+        return n // rest if n % rest == 0 else None
+
+    moves: list[tuple[str, dict]] = [("knobs", {})]
+    # Pipeline depth: halved, doubled, and the nearest valid depths on either side.
+    cand_pp = {pp // 2 if pp % 2 == 0 else None, pp * 2}
+    usable = [d for d in divisors(model.layers) if dp_for(tp, d, cp)]
+    lower = [d for d in usable if d < pp]
+    higher = [d for d in usable if d > pp]
+    if lower:
+        cand_pp.add(lower[-1])
+    if higher:
+        cand_pp.add(higher[0])
+    for p2 in sorted(x for x in cand_pp if x and x != pp):
+        dp2 = dp_for(tp, p2, cp)
+        if dp2 is None or model.layers % p2:
+            continue
+        per = model.layers // p2
+        vpps = {1, vpp, 2 * vpp, max(1, vpp * pp // p2), max(1, vpp * p2 // pp)} if p2 > 1 else {1}
+        for v2 in sorted(v for v in vpps if per % v == 0 and v <= 16):
+            moves.append(("pp", {"pp": p2, "vpp": v2, "dp": dp2}))
+    # Interleaving depth at the same pp.
+    if pp > 1:
+        counts = plan.layers_per_stage or _even_split(model.layers, pp)
+        g = int(np.gcd.reduce([c for c in counts if c > 0])) if any(counts) else 1
+        for v2 in divisors(g):
+            if v2 != vpp and v2 <= 16:
+                moves.append(("vpp", {"vpp": v2}))
+    # Tensor, context and expert parallelism, dp taking the rest.
+    for t2 in (tp * 2, tp // 2 if tp % 2 == 0 else None):
+        if t2 and t2 <= cluster.domain_gpus and (dp2 := dp_for(t2, pp, cp)):
+            moves.append(("tp", {"tp": t2, "dp": dp2}))
+    for c2 in sorted({1, 2, cp * 2} - {cp}):
+        if (dp2 := dp_for(tp, pp, c2)):
+            moves.append(("cp", {"cp": c2, "dp": dp2}))
+    if model.is_moe:
+        for e2 in (ep * 2, ep // 2 if ep % 2 == 0 else None):
+            if e2:
+                moves.append(("ep", {"ep": e2}))
+
+    mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
+    recs = [plan.recompute] + [r for r in ("none", "selective", "full") if r != plan.recompute]
+    seen = {_key(plan)}
+    out: list[tuple[str, ParallelPlan]] = []
+
+    def add(family: str, p: ParallelPlan | None) -> None:
+        if p is None or len(out) >= limit:
+            return
+        k = _key(p)
+        if k in seen:
+            return
+        seen.add(k)
+        if violations(model, p, n):
+            return
+        out.append((family, p))
+
+    # Stage splits at the current degrees first (few, and the only fix for an uneven split).
+    if pp > 1:
+        even = _even_split(model.layers, pp)
+        for s in _edge_splits(model, plan):
+            add("split", _make(plan, layers_per_stage=None if (s == even and model.layers % pp == 0) else s))
+    for family, upd in moves:
+        for mb in mbs:
+            for rc in recs:
+                add(family, _make(plan, **upd, micro_batch=mb, recompute=rc))
+    return out
+
+
+def _key(p: ParallelPlan) -> tuple:
+    return tuple(sorted(p.model_dump().items(), key=lambda kv: kv[0]))
+
+
+def _filled(model: ModelSpec, p: ParallelPlan) -> ParallelPlan:
+    """The plan with its split written out, as estimate() scores it."""
+    if p.layers_per_stage is not None:
+        return p
+    return p.model_copy(update={"layers_per_stage": _even_split(model.layers, p.pp)})
+
+
+# Text ------------------------------------------------------------------------------------------------
+
+
+def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
+    s = p.layers_per_stage or _even_split(model.layers, p.pp)
+    return "/".join(str(x) for x in s)
+
+
+def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> str:
+    """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
+    changes: list[tuple[str, str, str]] = []
+    for f in ("pp", "tp", "cp", "ep", "vpp", "micro_batch", "recompute", "recompute_layers", "dp"):
+        a, b = getattr(base, f), getattr(alt, f)
+        if a != b:
+            changes.append((f, str(a), str(b)))
+    sa, sb = _split_str(model, base), _split_str(model, alt)
+    if sa != sb:
+        changes.append(("layers per stage", sa, sb))
+    if not changes:
+        return "no change"
+    name, a, b = changes[0]
+    head = f"{name} {a} -> {b}"
+    rest = [f"{n} {v}" for n, _, v in changes[1:]]
+    return head + (" with " + ", ".join(rest) if rest else "")
+
+
+def _fmt_figure(name: str, v: float) -> str:
+    if name in ("stage_imbalance", "moe_imbalance"):
+        return f"{v:.2f}x"
+    return f"{100 * v:.0f}%"
+
+
+_FIGURE_LABEL = {"compute_efficiency": "compute efficiency", "comm_fraction": "exposed comm",
+                 "bubble_fraction": "bubble", "stage_imbalance": "max/min stage", "memory_fraction": "memory",
+                 "moe_imbalance": "expert load"}
+
+
+def format_findings(findings: Iterable[Finding]) -> list[str]:
+    """One line per finding: '<message>: <suggestion>: <figure> a -> b, step -7%'."""
+    lines = []
+    for f in findings:
+        line = f"{f.message}: {f.suggestion}"
+        fig = FIGURE.get(f.kind)
+        if fig and f.predicted and (f.alternative is not None or f.kind == "expert_imbalance"):
+            name = fig[0]
+            a, b = f.predicted[name]
+            line += f": {_FIGURE_LABEL[name]} {_fmt_figure(name, a)} -> {_fmt_figure(name, b)}, step {100 * f.gain:+.0f}%"
+        lines.append(line)
+    return lines
+
+
+# Diagnosis -------------------------------------------------------------------------------------------
+
+
+def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
+             moe_imbalance: float = 1.0) -> list[Finding]:
+    """Findings for one plan, warnings first. A plan inside every band gets infos only."""
+    prof = load_profile(cluster.gpu)
+    dtype = gemm_dtype(model.precision)
+    peak = prof.peak(dtype)
+    est = estimate(model, cluster, plan, profile=prof, moe_imbalance=moe_imbalance)
+    base = _base_figures(est, plan, peak)
+    step0 = base["step_time_s"]
+
+    cands = neighbours(model, cluster, plan)
+    fams = [f for f, _ in cands]
+    alts = [p for _, p in cands]
+    if alts:
+        out = estimate_arrays(model, cluster, PlanArrays.from_plans([_filled(model, p) for p in alts]),
+                              profile=prof, framework=plan.framework, moe_imbalance=moe_imbalance)
+        figs = _Figures(out, alts, peak)
+    else:
+        figs = None
+
+    def best(kind: str, *, mask: np.ndarray | None = None, must_be_faster: bool = True,
+             extra: Callable[[np.ndarray], np.ndarray] | None = None,
+             prefer: Callable[[np.ndarray], np.ndarray] | None = None) -> int | None:
+        """Index of the fastest fitting alternative that improves the kind's figure."""
+        if figs is None:
+            return None
+        name, lower_better = FIGURE[kind]
+        v, v0 = figs.get(name), base[name]
+        ok = figs.fits & np.isfinite(figs.step) & np.isfinite(v)
+        ok &= (v <= v0 * (1 - MIN_IMPROVEMENT)) if lower_better else (v >= v0 * (1 + MIN_IMPROVEMENT))
+        if mask is not None:
+            ok &= mask
+        if must_be_faster:
+            ok &= figs.step < step0
+        if extra is not None:
+            ok &= extra(v)
+        if prefer is not None and (ok & prefer(v)).any():
+            ok &= prefer(v)
+        if not ok.any():
+            return None
+        return int(np.argmin(np.where(ok, figs.step, np.inf)))
+
+    def finding(kind: str, severity: str, message: str, idx: int | None, none_text: str) -> Finding:
+        name, _ = FIGURE[kind]
+        if idx is None:
+            return Finding(kind=kind, severity=severity, message=message, suggestion=none_text,
+                           predicted={name: [base[name], base[name]], "step_time_s": [step0, step0]})
+        alt = alts[idx]
+        after_step = float(figs.step[idx])
+        return Finding(kind=kind, severity=severity, message=message, suggestion=describe_change(model, plan, alt),
+                       predicted={name: [base[name], float(figs.get(name)[idx])],
+                                  "step_time_s": [step0, after_step]},
+                       gain=after_step / step0 - 1.0, alternative=alt)
+
+    def soft(idx: int | None) -> str:
+        return "warn" if idx is not None and figs.step[idx] / step0 - 1.0 <= -ACTIONABLE_GAIN else "info"
+
+    found: list[Finding] = []
+    gb = 1e9
+
+    # Memory first: it decides whether the plan runs at all.
+    mem = base["memory_fraction"]
+    i_stage = int(np.argmax(est.peak_memory_bytes))
+    used = f"{max(est.peak_memory_bytes) / gb:.1f} of {est.memory_capacity_bytes / gb:.1f} GB on stage {i_stage}"
+    if mem > THRESHOLDS["memory_high"]:
+        what = "does not fit" if not est.fits else "risk of OOM / fragmentation"
+        idx = best("memory_high", must_be_faster=False, prefer=lambda v: v <= THRESHOLDS["memory_high"])
+        found.append(finding("memory_high", "warn", f"memory {100 * mem:.0f}% of capacity ({used}): {what}", idx,
+                             "no neighbouring plan needs less memory"))
+    elif mem < THRESHOLDS["memory_low"]:
+        # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
+        rc = {"none": 0, "selective": 1, "full": 2}
+        more = np.array([f == "knobs" and p.micro_batch >= plan.micro_batch
+                         and rc[p.recompute] <= rc[plan.recompute] for f, p in cands], dtype=bool)
+        idx = best("memory_low", mask=more, extra=lambda v: v <= THRESHOLDS["memory_high"])
+        found.append(finding("memory_low", "info",
+                             f"memory {100 * mem:.0f}% of capacity ({used}): room for a larger micro-batch "
+                             f"or less recompute", idx,
+                             "no larger micro-batch or lighter recompute nearby is faster"))
+
+    bub = base["bubble_fraction"]
+    if bub > THRESHOLDS["bubble_info"] and plan.pp > 1:
+        idx = best("bubble")
+        sev = "warn" if bub > THRESHOLDS["bubble_warn"] else soft(idx)
+        found.append(finding("bubble", sev, f"bubble {100 * bub:.0f}% of the step "
+                                            f"({est.breakdown_s['bubble']:.2f} of {step0:.2f} s)", idx,
+                             "no neighbouring plan has a smaller bubble and a shorter step"))
+
+    imb = base["stage_imbalance"]
+    if plan.pp > 1 and imb > THRESHOLDS["stage_imbalance"]:
+        st = est.stage_time_s
+        idx = best("stage_imbalance", mask=np.array([f == "split" for f in fams], dtype=bool))
+        found.append(finding("stage_imbalance", "warn",
+                             f"pipeline stages differ by {100 * (imb - 1):.0f}% (stage {int(np.argmax(st))} "
+                             f"{1e3 * max(st):.1f} ms vs stage {int(np.argmin(st))} {1e3 * min(st):.1f} ms per "
+                             f"micro-batch; layers per stage {_split_str(model, plan)})", idx,
+                             "no neighbouring split is more even and faster"))
+
+    comm = base["comm_fraction"]
+    if comm > THRESHOLDS["communication"]:
+        parts = sorted(((est.breakdown_s[k] / step0, k.split("_")[0]) for k in COMM_KEYS), reverse=True)
+        top = ", ".join(f"{k} {100 * v:.0f}%" for v, k in parts if v >= 0.01)
+        idx = best("communication")
+        found.append(finding("communication", "warn", f"exposed communication {100 * comm:.0f}% of the step ({top})",
+                             idx, "no neighbouring plan exposes less communication and is faster"))
+
+    eff = base["compute_efficiency"]
+    if eff < THRESHOLDS["compute_efficiency"]:
+        idx = best("compute_efficiency")
+        found.append(finding("compute_efficiency", soft(idx),
+                             f"compute at {100 * eff:.0f}% of the {dtype} dense peak ({eff * peak / 1e12:.0f} of "
+                             f"{peak / 1e12:.0f} TFLOP/s per GPU while computing)", idx,
+                             "no neighbouring plan computes more efficiently and faster"))
+
+    if model.is_moe and moe_imbalance > THRESHOLDS["expert_imbalance"]:
+        bal = estimate(model, cluster, plan, profile=prof, moe_imbalance=1.0)
+        found.append(Finding(
+            kind="expert_imbalance", severity="warn",
+            message=f"hottest expert rank gets {moe_imbalance:.2f}x the mean token load (ep={plan.ep}, "
+                    f"{model.num_experts} experts, top-{model.moe_topk})",
+            suggestion="balance the router (auxiliary load-balancing loss or aux-loss-free expert bias)",
+            predicted={"moe_imbalance": [moe_imbalance, 1.0], "step_time_s": [step0, bal.step_time_s]},
+            gain=bal.step_time_s / step0 - 1.0))
+
+    for note in schedule_notes(plan):
+        found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
+
+    found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
+    return found

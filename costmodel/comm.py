@@ -193,3 +193,28 @@ def topology_graph(cluster: ClusterSpec) -> nx.Graph:
         rail = (gpu % gpn) % rails if cluster.topology == "rail-optimised" else 0
         g.add_edge(gpu, f"leaf{leaf}.rail{rail}", bandwidth_bytes_per_s=nic, link="nic")
     return g
+
+
+def group_links(cluster: ClusterSpec, tp: int, cp: int, dp: int, pp: int, ep: int = 1, etp: int = 1) -> dict:
+    """Which links each parallel group's ring crosses, for the group that holds rank 0.
+
+    Ranks follow Megatron's tp-cp-ep-dp-pp order (experts: etp-ep-edp); the ring visits the group's
+    ranks in order and each hop takes the shortest path in ``topology_graph``. Returns
+    {group: {"ranks": [...], "links": sorted link kinds, "max_hops": int}}.
+    """
+    g = topology_graph(cluster)
+    strides = {"tp": (1, tp), "cp": (tp, cp), "dp": (tp * cp, dp), "pp": (tp * cp * dp, pp), "ep": (etp, ep)}
+    out = {}
+    for name, (stride, size) in strides.items():
+        if size <= 1:
+            continue
+        ranks = [i * stride for i in range(size)]
+        ring = ranks + [ranks[0]] if size > 2 else ranks
+        kinds, hops = set(), 0
+        for a, b in zip(ring, ring[1:]):
+            path = nx.shortest_path(g, a, b)
+            hops = max(hops, len(path) - 1)
+            kinds |= {g.edges[u, v]["link"] for u, v in zip(path, path[1:])}
+        out[name] = {"ranks": ranks if size <= 16 else ranks[:8] + ["..."] + ranks[-2:], "links": sorted(kinds),
+                     "max_hops": hops}
+    return out

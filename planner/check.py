@@ -36,7 +36,7 @@ one or two layers (in units of vpp) moved off the first and/or last stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -47,7 +47,7 @@ from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, violations
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
 
-__all__ = ["Finding", "diagnose", "format_findings", "neighbours", "THRESHOLDS"]
+__all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours"]
 
 FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
                       "memory_low", "expert_imbalance", "rule_note"]
@@ -192,10 +192,24 @@ def _edge_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
     return out
 
 
+class Candidate(NamedTuple):
+    """One alternative: the move it makes (family and index), and whether it keeps the base knobs."""
+
+    family: str
+    """knobs (micro_batch / recompute only), split, pp, vpp, tp, cp or ep."""
+    move: int
+    """Index of the structural move (candidates sharing it differ only in micro_batch / recompute)."""
+    base_knobs: bool
+    """The move alone: micro_batch and recompute as in the base plan."""
+    plan: ParallelPlan
+
+
 def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-               limit: int = MAX_CANDIDATES) -> list[tuple[str, ParallelPlan]]:
-    """Valid alternative plans near ``plan`` as (family, plan): family is the move (pp, vpp, tp, cp, ep,
-    knobs, split); each structural move is combined with micro_batch /2, x1, x2 and every recompute mode."""
+               limit: int = MAX_CANDIDATES) -> list[Candidate]:
+    """Valid alternative plans near ``plan`` (per costmodel.rules with the cluster's GPU count).
+
+    Structural moves (pp, vpp, tp, cp, ep, with dp taking the rest of the GPUs) are each combined
+    with micro_batch /2, x1, x2 and every recompute mode; stage splits keep the other settings."""
     n = cluster.num_gpus
     tp, pp, vpp, cp, ep = plan.tp, plan.pp, plan.vpp, plan.cp, plan.ep
 
@@ -243,9 +257,9 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
     recs = [plan.recompute] + [r for r in ("none", "selective", "full") if r != plan.recompute]
     seen = {_key(plan)}
-    out: list[tuple[str, ParallelPlan]] = []
+    out: list[Candidate] = []
 
-    def add(family: str, p: ParallelPlan | None) -> None:
+    def add(family: str, move: int, base_knobs: bool, p: ParallelPlan | None) -> None:
         if p is None or len(out) >= limit:
             return
         k = _key(p)
@@ -254,17 +268,19 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         seen.add(k)
         if violations(model, p, n):
             return
-        out.append((family, p))
+        out.append(Candidate(family, move, base_knobs, p))
 
-    # Stage splits at the current degrees first (few, and the only fix for an uneven split).
+    # Stage splits at the current settings first (few, and the only fix for an uneven split).
     if pp > 1:
         even = _even_split(model.layers, pp)
-        for s in _edge_splits(model, plan):
-            add("split", _make(plan, layers_per_stage=None if (s == even and model.layers % pp == 0) else s))
-    for family, upd in moves:
+        for j, s in enumerate(_edge_splits(model, plan)):
+            lps = None if (s == even and model.layers % pp == 0) else s
+            add("split", -1 - j, True, _make(plan, layers_per_stage=lps))
+    for i, (family, upd) in enumerate(moves):
         for mb in mbs:
             for rc in recs:
-                add(family, _make(plan, **upd, micro_batch=mb, recompute=rc))
+                same = (mb, rc) == (plan.micro_batch, plan.recompute)
+                add(family, i, same or family == "knobs", _make(plan, **upd, micro_batch=mb, recompute=rc))
     return out
 
 
@@ -290,12 +306,12 @@ def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
 def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> str:
     """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
     changes: list[tuple[str, str, str]] = []
-    for f in ("pp", "tp", "cp", "ep", "vpp", "micro_batch", "recompute", "recompute_layers", "dp"):
+    for f in ("pp", "tp", "cp", "ep", "vpp", "dp", "micro_batch", "recompute", "recompute_layers"):
         a, b = getattr(base, f), getattr(alt, f)
         if a != b:
             changes.append((f, str(a), str(b)))
     sa, sb = _split_str(model, base), _split_str(model, alt)
-    if sa != sb:
+    if base.pp == alt.pp and sa != sb:
         changes.append(("layers per stage", sa, sb))
     if not changes:
         return "no change"
@@ -344,14 +360,17 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     step0 = base["step_time_s"]
 
     cands = neighbours(model, cluster, plan)
-    fams = [f for f, _ in cands]
-    alts = [p for _, p in cands]
+    fams = [c.family for c in cands]
+    alts = [c.plan for c in cands]
+    figs = None
     if alts:
         out = estimate_arrays(model, cluster, PlanArrays.from_plans([_filled(model, p) for p in alts]),
                               profile=prof, framework=plan.framework, moe_imbalance=moe_imbalance)
         figs = _Figures(out, alts, peak)
-    else:
-        figs = None
+        # Keep suggestions minimal: a structural move changes micro_batch / recompute too only when the
+        # move alone does not fit (or is not valid).
+        alone_fits = {c.move for c, fit in zip(cands, figs.fits) if c.base_knobs and fit}
+        minimal = np.array([c.base_knobs or c.move not in alone_fits for c in cands], dtype=bool)
 
     def best(kind: str, *, mask: np.ndarray | None = None, must_be_faster: bool = True,
              extra: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -361,7 +380,7 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             return None
         name, lower_better = FIGURE[kind]
         v, v0 = figs.get(name), base[name]
-        ok = figs.fits & np.isfinite(figs.step) & np.isfinite(v)
+        ok = figs.fits & minimal & np.isfinite(figs.step) & np.isfinite(v)
         ok &= (v <= v0 * (1 - MIN_IMPROVEMENT)) if lower_better else (v >= v0 * (1 + MIN_IMPROVEMENT))
         if mask is not None:
             ok &= mask
@@ -405,8 +424,8 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     elif mem < THRESHOLDS["memory_low"]:
         # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
         rc = {"none": 0, "selective": 1, "full": 2}
-        more = np.array([f == "knobs" and p.micro_batch >= plan.micro_batch
-                         and rc[p.recompute] <= rc[plan.recompute] for f, p in cands], dtype=bool)
+        more = np.array([c.family == "knobs" and c.plan.micro_batch >= plan.micro_batch
+                         and rc[c.plan.recompute] <= rc[plan.recompute] for c in cands], dtype=bool)
         idx = best("memory_low", mask=more, extra=lambda v: v <= THRESHOLDS["memory_high"])
         found.append(finding("memory_low", "info",
                              f"memory {100 * mem:.0f}% of capacity ({used}): room for a larger micro-batch "

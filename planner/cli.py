@@ -115,13 +115,18 @@ def cmd_check(argv: list[str]) -> int:
                         zero_stage=0 if args.no_distributed_optimizer else 1)
     check_plan(model, plan, cluster.num_gpus)
     est = estimate(model, cluster, plan)
+    from costmodel.comm import group_links
+
+    links = group_links(cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
     if args.json:
-        print(json.dumps({"plan": plan.model_dump(), "estimate": est.model_dump(),
+        print(json.dumps({"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
                           "notes": schedule_notes(plan)}, indent=1))
         return 0
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}"))
+    for name, info in links.items():
+        con.print(f"{name} group {info['ranks']}: crosses {', '.join(info['links'])} (up to {info['max_hops']} hops)")
     for note in schedule_notes(plan):
         con.print(f"note: {note}")
     return 0

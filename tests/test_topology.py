@@ -1,0 +1,38 @@
+"""The cluster topology graph (networkx) and which links each parallel group crosses."""
+
+import networkx as nx
+
+from costmodel.comm import group_links, group_span, topology_graph
+from costmodel.profiles import load_cluster
+
+
+def test_graph_has_every_gpu_and_is_connected():
+    c = load_cluster("h100x512")
+    g = topology_graph(c)
+    gpus = [n for n, d in g.nodes(data=True) if d.get("kind") == "gpu"]
+    assert len(gpus) == 512
+    assert nx.is_connected(g)
+
+
+def test_groups_follow_megatron_rank_order():
+    c = load_cluster("h100x512")  # 8 GPUs per node, 32 nodes per leaf switch
+    links = group_links(c, tp=8, cp=1, dp=16, pp=4)
+    assert links["tp"]["links"] == ["nvlink"]          # ranks 0-7: one node
+    assert links["dp"]["links"] == ["nic"]             # ranks 0, 8, ..., 120: 16 nodes under one leaf
+    assert "spine" in links["pp"]["links"]             # ranks 0, 128, 256, 384: different leaves
+
+
+def test_nvl72_domain_keeps_expert_group_on_nvlink():
+    c = load_cluster("gb200-nvl72x8")
+    links = group_links(c, tp=1, cp=1, dp=576, pp=1, ep=64)
+    assert links["ep"]["links"] == ["nvlink"]
+    k, n = group_span(1, 64, c.domain_gpus)
+    assert (k, n) == (64, 1)
+
+
+def test_torus_links_domains_directly():
+    c = load_cluster("h100x512").model_copy(update={"topology": "torus"})
+    g = topology_graph(c)
+    assert not any(d.get("kind") == "spine" for _, d in g.nodes(data=True))
+    links = group_links(c, tp=8, cp=1, dp=64, pp=1)
+    assert "torus" in links["dp"]["links"]

@@ -31,6 +31,14 @@ modes): pp halved / doubled / the nearest valid depths with vpp adjusted (1, kep
 number of virtual stages), every other vpp, tp x2 and /2, cp 1 / 2 / x2, ep x2 and /2 (MoE), each
 with dp taking the rest of the GPUs; plus, for the stage balance, the even split and splits with
 one or two layers (in units of vpp) moved off the first and/or last stage.
+
+Which alternative a finding proposes: the fastest one that fits and moves the finding's figure by at
+least ``MIN_IMPROVEMENT`` (relative) the right way, preferring those at or under 85% memory. For the
+performance figures (compute, communication, stage balance, bubble, memory_low) it must also be
+faster than the plan; memory_high may cost time (it prefers plans at or under 85%). Suggestions stay
+minimal: a structural move only comes with a micro_batch / recompute change when the move alone does
+not fit. stage_imbalance only proposes splits; memory_low only a larger micro-batch and/or lighter
+recompute. expert_imbalance proposes balancing the router and predicts the step at moe_imbalance=1.
 """
 
 from __future__ import annotations
@@ -341,7 +349,8 @@ def format_findings(findings: Iterable[Finding]) -> list[str]:
         if fig and f.predicted and (f.alternative is not None or f.kind == "expert_imbalance"):
             name = fig[0]
             a, b = f.predicted[name]
-            line += f": {_FIGURE_LABEL[name]} {_fmt_figure(name, a)} -> {_fmt_figure(name, b)}, step {100 * f.gain:+.0f}%"
+            line += (f": {_FIGURE_LABEL[name]} {_fmt_figure(name, a)} -> {_fmt_figure(name, b)}, "
+                     f"step {100 * f.gain:+.0f}%")
         lines.append(line)
     return lines
 
@@ -351,7 +360,13 @@ def format_findings(findings: Iterable[Finding]) -> list[str]:
 
 def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
              moe_imbalance: float = 1.0) -> list[Finding]:
-    """Findings for one plan, warnings first. A plan inside every band gets infos only."""
+    """Findings for one plan, warnings first. A plan inside every band gets infos only.
+
+    The plan's own validity is not checked here (``plan check`` runs ``costmodel.rules.check_plan``
+    first); every alternative it proposes is valid for ``cluster.num_gpus`` and fits in memory.
+    ``moe_imbalance`` (hottest expert rank's load over the mean) scores the plan and every alternative.
+    Cost: one ``estimate`` call (two with an expert imbalance) plus one vectorised call over at most MAX_CANDIDATES plans.
+    """
     prof = load_profile(cluster.gpu)
     dtype = gemm_dtype(model.precision)
     peak = prof.peak(dtype)
@@ -371,6 +386,7 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         # move alone does not fit (or is not valid).
         alone_fits = {c.move for c, fit in zip(cands, figs.fits) if c.base_knobs and fit}
         minimal = np.array([c.base_knobs or c.move not in alone_fits for c in cands], dtype=bool)
+        safe_mem = figs.memory_fraction <= THRESHOLDS["memory_high"]
 
     def best(kind: str, *, mask: np.ndarray | None = None, must_be_faster: bool = True,
              extra: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -390,6 +406,8 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
             ok &= extra(v)
         if prefer is not None and (ok & prefer(v)).any():
             ok &= prefer(v)
+        elif prefer is None and (ok & safe_mem).any():
+            ok &= safe_mem    # a suggestion should not trade its finding for a memory warning
         if not ok.any():
             return None
         return int(np.argmin(np.where(ok, figs.step, np.inf)))
@@ -407,7 +425,10 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                        gain=after_step / step0 - 1.0, alternative=alt)
 
     def soft(idx: int | None) -> str:
-        return "warn" if idx is not None and figs.step[idx] / step0 - 1.0 <= -ACTIONABLE_GAIN else "info"
+        """Soft bands warn only when the suggestion is much faster and itself inside the memory band."""
+        if idx is None or not safe_mem[idx]:
+            return "info"
+        return "warn" if figs.step[idx] / step0 - 1.0 <= -ACTIONABLE_GAIN else "info"
 
     found: list[Finding] = []
     gb = 1e9
@@ -420,7 +441,7 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         what = "does not fit" if not est.fits else "risk of OOM / fragmentation"
         idx = best("memory_high", must_be_faster=False, prefer=lambda v: v <= THRESHOLDS["memory_high"])
         found.append(finding("memory_high", "warn", f"memory {100 * mem:.0f}% of capacity ({used}): {what}", idx,
-                             "no neighbouring plan needs less memory"))
+                             "no neighbouring plan fits" if not est.fits else "no neighbouring plan needs less memory"))
     elif mem < THRESHOLDS["memory_low"]:
         # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
         rc = {"none": 0, "selective": 1, "full": 2}

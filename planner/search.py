@@ -6,6 +6,8 @@ cost model, ``costmodel.estimate.estimate_arrays``).
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,3 +64,666 @@ def exhaustive(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cost: 
     rest = rest[~scores["fits"][rest]]
     order = np.concatenate([fit_order[:n_fit], rest])
     return SearchResult(plans, scores, order, len(plans))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sample-efficient search with Optuna
+# ---------------------------------------------------------------------------------------------------------
+#
+# Design (the choices the planner makes on top of Optuna):
+#
+# * Search space. One parameter per knob -- tp, cp, pp, vpp, ep, micro_batch, recompute (and ``nodes`` when
+#   the "gpus" objective is asked for) -- each sampled with ``suggest_categorical`` over the fixed, sorted list
+#   of the values that occur in the valid plans of ``planner.space`` (the union over every node count when the
+#   GPU count varies). dp is derived (GPUs / (tp*cp*pp)). The lists never change between trials of a study;
+#   they are stored in the study's user attributes and a resumed study with other lists is refused.
+# * Invalid combinations (the Megatron rules of ``costmodel.rules``, or outside the candidate space of
+#   ``planner.space``) are never scored by the cost model. The trial completes with a penalty value and a
+#   violated constraint ``rules`` = 1000 x the number of broken rules (so any valid plan, even one far over
+#   memory, ranks before an invalid one). Pruning them (``optuna.TrialPruned``) was not chosen: NSGA-II and
+#   CMA-ES leave pruned trials out of their populations, so they would never learn where the invalid region
+#   is, while a completed infeasible trial is ranked by constrained domination (NSGA-II) and put in TPE's
+#   "above" group by its violation; every sampler sees the same, complete history.
+# * Memory: a valid plan that does not fit is scored and kept; its constraint ``memory`` is
+#   peak_memory / capacity - 1 (> 0 = infeasible). Constraints are set with ``Trial.set_constraint``
+#   (Optuna >= 5, where ``constraints_func`` is deprecated; the samplers read ``FrozenTrial.constraints`` either
+#   way); on older Optuna the same values go through ``constraints_func``.
+# * CMA-ES has neither categorical parameters nor constraints. With ``sampler="cmaes"`` each knob is an
+#   integer index into its list (``suggest_int("tp_index", 0, len-1)``, CMA-ES with margin for the discrete
+#   dimensions) and the objective is penalised: a plan over memory scores PENALTY * (1 + overflow), above
+#   every plan that fits. Its studies use their own parameter names, so a study is resumed with the same
+#   encoding (the default study name carries it).
+# * Seeding: the layouts an expert tries first (Megatron/NeMo recipes) are enqueued before sampling.
+# * Caching: a configuration already scored in the study (Optuna's samplers do propose duplicates) is answered
+#   from the study's own record of it (trial user attribute ``eval``), not re-scored.
+# * Persistence: ``storage`` None keeps the study in memory; an RDB URL ("sqlite:///plan.db",
+#   "postgresql://...") persists every finished trial as it finishes, and the same storage + study name
+#   resumes (``load_if_exists``). Several processes may share one RDB study: run the same ``plan`` command
+#   with the same ``--storage`` and ``--study-name`` in several shells, or pass ``workers=N``.
+
+OPTUNA_KNOBS = ("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute")
+OBJECTIVES = ("time", "memory", "gpus")
+SAMPLERS = ("tpe", "cmaes", "nsga2")
+# Objective values of plans that break a rule, and the scale of the memory penalty used with CMA-ES.
+PENALTY = {"time": 1.0e4, "memory": 1.0e15, "gpus": 1.0e7}
+RULE_WEIGHT = 1000.0
+_RC_NAME = {0: "none", 1: "selective", 2: "full"}
+_RC_CODE = {v: k for k, v in _RC_NAME.items()}
+
+
+def default_budget(n_valid: int) -> int:
+    """Trials of an Optuna search: 10% of the valid plans, at least 50."""
+    return max(50, n_valid // 10)
+
+
+def _take(a: PlanArrays, idx) -> PlanArrays:
+    idx = np.atleast_1d(np.asarray(idx, dtype=int))
+    cols = {}
+    for name in a.__dataclass_fields__:
+        v = getattr(a, name)
+        cols[name] = None if v is None else v[idx]
+    return PlanArrays(**cols)
+
+
+def _key(a: PlanArrays, i: int) -> tuple[int, ...]:
+    return (int(a.tp[i]), int(a.cp[i]), int(a.pp[i]), int(a.vpp[i]), int(a.ep[i]), int(a.micro_batch[i]),
+            int(a.recompute[i]))
+
+
+@dataclass
+class SearchSpace:
+    """The fixed search space of a study: the knob lists and, per node count, the valid plans."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batch: int
+    nodes: tuple[int, ...]                        # node counts sampled (one: the cluster's)
+    choices: dict[str, list]                      # knob -> sorted values (recompute as names)
+    valid: dict[int, PlanArrays]                  # nodes -> valid plans
+    index: dict[int, dict[tuple[int, ...], int]]  # nodes -> knob key -> row in valid[nodes]
+
+    @property
+    def n_valid(self) -> int:
+        return sum(len(v) for v in self.valid.values())
+
+    def cluster_for(self, nodes: int) -> ClusterSpec:
+        return self.cluster if nodes == self.cluster.nodes else self.cluster.model_copy(update={"nodes": nodes})
+
+    def signature(self, encoding: str, objectives: tuple[str, ...]) -> dict:
+        return {"model": self.model.name, "layers": self.model.layers, "cluster": self.cluster.name,
+                "global_batch": self.global_batch, "objectives": list(objectives), "encoding": encoding,
+                "nodes": list(self.nodes), "choices": {k: list(v) for k, v in self.choices.items()}}
+
+
+def search_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, vary_nodes: bool = False) -> SearchSpace:
+    """Knob lists of ``planner.space``'s valid plans; with ``vary_nodes`` over powers of two up to the
+    cluster's node count (and the full cluster)."""
+    if vary_nodes:
+        nodes = sorted({n for n in (2 ** k for k in range(64)) if n <= cluster.nodes} | {cluster.nodes})
+    else:
+        nodes = [cluster.nodes]
+    valid, index = {}, {}
+    values: dict[str, set] = {k: set() for k in OPTUNA_KNOBS}
+    for n in nodes:
+        cl = cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n})
+        v = valid_plans(model, cl, global_batch)
+        if len(v) == 0:
+            continue
+        valid[n] = v
+        index[n] = {_key(v, i): i for i in range(len(v))}
+        for col, k in zip(("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute"), OPTUNA_KNOBS):
+            values[k].update(int(x) for x in np.unique(getattr(v, col)))
+    choices = {k: sorted(values[k]) for k in OPTUNA_KNOBS}
+    choices["recompute"] = [_RC_NAME[c] for c in choices["recompute"]]
+    return SearchSpace(model, cluster, global_batch, tuple(n for n in nodes if n in valid), choices, valid, index)
+
+
+def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
+    """Layouts an expert tries first (Megatron / NeMo recipes), valid ones only, best guess first.
+
+    tp = min(8, NVLink domain) for models of 20B parameters or more (smaller variants tp/2, tp/4 after it);
+    cp 1, and 2 for sequences of 8k tokens or more; pp the smallest depth whose weights, gradients and
+    sharded optimizer states take at most 60% of a GPU (leaving room for activations), and the next deeper
+    one; vpp the largest divisor of the layers per stage that keeps at least 4 layers per chunk; micro-batch
+    1; selective recompute; ep = min(8, experts) for MoE models.
+    """
+    from costmodel import memory
+    from costmodel.flops import total_params
+    from costmodel.profiles import load_profile
+
+    m, cl = space.model, space.cluster
+    if not space.nodes:
+        return []
+    nodes = cl.nodes if cl.nodes in space.nodes else space.nodes[-1]
+    n_gpus = nodes * cl.gpus_per_node
+    prof = load_profile(cl.gpu)
+    cap = prof.memory_bytes.value * prof.usable_memory_fraction
+    params = total_params(m)
+    ch = space.choices
+    top_tp = min(8, cl.domain_gpus) if params >= 20e9 else min(2, cl.domain_gpus)
+    tps = [t for t in (top_tp, top_tp // 2, top_tp // 4, top_tp * 2) if t in ch["tp"]]
+    cps = [c for c in ((1, 2) if m.seq_len >= 8192 else (1,)) if c in ch["cp"]]
+    ep = max([e for e in ch["ep"] if e <= 8] or [1])
+    seeds, seen = [], set()
+    index = space.index[nodes]
+    for cp in cps:
+        for tp in tps:
+            pps = [p for p in ch["pp"] if m.layers % p == 0 and n_gpus % (tp * cp * p) == 0]
+            static_ok = []
+            for p in pps:
+                dp = n_gpus // (tp * cp * p)
+                per_gpu = params / (tp * p) * (memory.WEIGHT_BYTES + memory.GRAD_BYTES_CORE
+                                               + memory.OPTIMIZER_BYTES / (dp * cp))
+                if per_gpu <= 0.6 * cap:
+                    static_ok.append(p)
+            for p in static_ok[:2]:
+                per_stage = m.layers // p
+                vpps = [v for v in ch["vpp"] if per_stage % v == 0 and per_stage // v >= 4] if p > 1 else [1]
+                for vpp in sorted(vpps, reverse=True) + [1]:
+                    key = (tp, cp, p, vpp, ep if m.is_moe else 1, 1, _RC_CODE["selective"])
+                    if key in index:
+                        if key not in seen:
+                            seen.add(key)
+                            seeds.append((nodes, key))
+                        break
+    # Best guesses first: the largest tp (recipe), cp=2 / cp=1 interleaved.
+    seeds.sort(key=lambda s: (tps.index(s[1][0]), s[1][2], s[1][1]))
+    out = []
+    for nodes_, key in seeds[:limit]:
+        cfg = dict(zip(("tp", "cp", "pp", "vpp", "ep", "micro_batch"), key[:6]))
+        cfg["recompute"] = _RC_NAME[key[6]]
+        if len(space.nodes) > 1:
+            cfg["nodes"] = nodes_
+        out.append(cfg)
+    return out
+
+
+@dataclass
+class OptunaResult(SearchResult):
+    """An Optuna search: the distinct valid plans the study scored (a ``SearchResult``, best first), the
+    study, the Pareto front of the objectives among plans that fit, and how the run went.
+
+    ``plans`` / ``scores`` / ``order`` / ``evaluated`` mean what they mean for ``exhaustive`` (``evaluated`` =
+    distinct valid plans scored in the whole study, resumed runs included); ``order`` puts the Pareto front
+    first (sorted by the first objective), then the other plans that fit, then the rest by peak memory.
+    """
+
+    study: object = None                          # optuna.Study (None when no plan is valid)
+    objectives: tuple[str, ...] = ("time",)
+    pareto: np.ndarray = None                     # indices into plans: non-dominated plans that fit
+    nodes: np.ndarray = None                      # node count of each plan
+    n_trials: int = 0                             # trials finished by this call
+    total_trials: int = 0                         # finished trials in the study
+    evaluations: int = 0                          # cost-model evaluations made by this call (cache misses)
+    interrupted: bool = False                     # KeyboardInterrupt stopped the search (trials kept)
+    sampler: str = "tpe"
+    study_name: str | None = None
+    storage: str | None = None
+
+    @property
+    def best_plan(self) -> ParallelPlan | None:
+        return self.plan(0) if self.any_fits else None
+
+    def objective_values(self, i: int) -> tuple[float, ...]:
+        return tuple(float(_objective_column(self.scores, o, self.plans)[i]) for o in self.objectives)
+
+    def pareto_plans(self) -> list[ParallelPlan]:
+        return [to_plan(self.plans, int(i)) for i in self.pareto]
+
+
+def _objective_column(scores: dict, objective: str, plans: PlanArrays) -> np.ndarray:
+    if objective == "time":
+        return np.asarray(scores["step_time_s"], dtype=float)
+    if objective == "memory":
+        return np.nanmax(scores["peak_memory_bytes"], axis=1)
+    return plans.tp * plans.pp * plans.dp * plans.cp
+
+
+def pareto_front(values: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``values`` (n x k, minimised) that no other row dominates."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return np.zeros(0, dtype=int)
+    le = (v[:, None, :] <= v[None, :, :]).all(axis=2)   # le[j, i]: j <= i everywhere
+    lt = (v[:, None, :] < v[None, :, :]).any(axis=2)
+    dominated = (le & lt).any(axis=0)
+    return np.flatnonzero(~dominated)
+
+
+def _check_args(objectives, sampler) -> tuple[tuple[str, ...], str]:
+    from costmodel.profiles import InputError
+
+    if isinstance(objectives, str):
+        objectives = tuple(o.strip() for o in objectives.split(",") if o.strip())
+    objectives = tuple(objectives)
+    bad = [o for o in objectives if o not in OBJECTIVES]
+    if not objectives or bad or len(set(objectives)) != len(objectives):
+        raise InputError(f"objectives {','.join(objectives) or '(none)'}: valid objectives are "
+                         f"{', '.join(OBJECTIVES)}, each at most once (e.g. time or time,memory)")
+    if sampler in (None, "auto"):
+        sampler = "tpe" if len(objectives) == 1 else "nsga2"
+    if isinstance(sampler, str):
+        if sampler not in SAMPLERS:
+            raise InputError(f"sampler {sampler!r}: valid samplers are {', '.join(SAMPLERS)}")
+        if sampler == "cmaes" and len(objectives) > 1:
+            raise InputError(f"sampler cmaes is single-objective but objectives are {','.join(objectives)}; "
+                             f"use nsga2 or tpe")
+    return objectives, sampler
+
+
+def _make_sampler(sampler, seed: int, n_trials: int, n_objectives: int, x0: dict | None):
+    import optuna
+
+    old = _constraints_func if not hasattr(optuna.trial.Trial, "set_constraint") else None
+    kw = {"constraints_func": old} if old else {}
+    if not isinstance(sampler, str):
+        return sampler
+    if sampler == "tpe":
+        # Tuned on 70b/h100x512 (tests/test_search.py): multivariate TPE over the joint space, few random
+        # start-up trials (the expert seeds already cover the good region), more EI candidates.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=TPE_STARTUP,
+                                          n_ei_candidates=TPE_EI_CANDIDATES, **kw)
+    if sampler == "nsga2":
+        pop = int(min(50, max(10, n_trials // 6)))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=pop, **kw)
+    return optuna.samplers.CmaEsSampler(seed=seed, x0=x0, with_margin=True, n_startup_trials=0,
+                                        independent_sampler=optuna.samplers.TPESampler(seed=seed),
+                                        warn_independent_sampling=False)
+
+
+TPE_STARTUP = 10
+TPE_EI_CANDIDATES = 24
+
+
+def _constraints_func(trial) -> tuple[float, float]:
+    """Optuna < 5: the constraints the objective recorded (``constraints_func`` API)."""
+    c = trial.user_attrs.get("constraints", {})
+    return (float(c.get("rules", 0.0)), float(c.get("memory", 0.0)))
+
+
+class _Objective:
+    """Optuna objective over a SearchSpace; caches every configuration the study has seen."""
+
+    def __init__(self, space: SearchSpace, cost: CostFn, objectives: tuple[str, ...], encoding: str,
+                 penalise: bool):
+        self.space, self.cost, self.objectives = space, cost, objectives
+        self.encoding, self.penalise = encoding, penalise
+        self.cache: dict[tuple[int, ...], dict] = {}
+        self.evaluations = 0
+        import optuna
+
+        self.new_api = hasattr(optuna.trial.Trial, "set_constraint")
+
+    # parameters <-> configurations
+    def params_of(self, cfg: dict) -> dict:
+        if self.encoding == "index":
+            p = {f"{k}_index": self.space.choices[k].index(cfg[k]) for k in OPTUNA_KNOBS}
+            if len(self.space.nodes) > 1:
+                p["nodes_index"] = list(self.space.nodes).index(cfg["nodes"])
+        else:
+            p = {k: cfg[k] for k in OPTUNA_KNOBS}
+            if len(self.space.nodes) > 1:
+                p["nodes"] = cfg["nodes"]
+        return p
+
+    def suggest(self, trial) -> dict:
+        ch = self.space.choices
+        if self.encoding == "index":
+            cfg = {k: ch[k][trial.suggest_int(f"{k}_index", 0, len(ch[k]) - 1)] for k in OPTUNA_KNOBS}
+            cfg["nodes"] = (self.space.nodes[trial.suggest_int("nodes_index", 0, len(self.space.nodes) - 1)]
+                            if len(self.space.nodes) > 1 else self.space.nodes[0])
+        else:
+            cfg = {k: trial.suggest_categorical(k, ch[k]) for k in OPTUNA_KNOBS}
+            cfg["nodes"] = (trial.suggest_categorical("nodes", list(self.space.nodes))
+                            if len(self.space.nodes) > 1 else self.space.nodes[0])
+        return cfg
+
+    @staticmethod
+    def key_of(cfg: dict) -> tuple[int, ...]:
+        return (int(cfg["nodes"]), int(cfg["tp"]), int(cfg["cp"]), int(cfg["pp"]), int(cfg["vpp"]),
+                int(cfg["ep"]), int(cfg["micro_batch"]), _RC_CODE[cfg["recompute"]])
+
+    def remember(self, trials) -> None:
+        """Fill the cache from finished trials (a resumed study, or other workers)."""
+        for t in trials:
+            ev = t.user_attrs.get("eval")
+            if ev and "config" in ev:
+                self.cache.setdefault(self.key_of(ev["config"]), {**ev, "scored": False})
+
+    def evaluate(self, cfg: dict) -> dict:
+        sp = self.space
+        nodes = int(cfg["nodes"])
+        n_gpus = nodes * sp.cluster.gpus_per_node
+        key = self.key_of(cfg)[1:]
+        tp, cp, pp = key[0], key[1], key[2]
+        dp = max(1, n_gpus // (tp * cp * pp))
+        config = {**{k: cfg[k] for k in OPTUNA_KNOBS}, "dp": dp, "nodes": nodes, "num_gpus": n_gpus}
+        i = sp.index.get(nodes, {}).get(key)
+        if i is None:
+            from costmodel.rules import violations
+
+            plan = ParallelPlan(tp=tp, pp=pp, vpp=key[3], dp=dp, cp=cp, ep=key[4], sequence_parallel=tp > 1,
+                                micro_batch=key[5], global_batch=sp.global_batch, recompute=cfg["recompute"])
+            msgs = violations(sp.model, plan, n_gpus) or ["outside the planner's candidate space "
+                                                          "(planner.space.candidate_columns)"]
+            return {"config": config, "valid": False, "violations": msgs, "scored": False}
+        out = self.cost(sp.model, sp.cluster_for(nodes), _take(sp.valid[nodes], i))
+        self.evaluations += 1
+        peak = float(np.nanmax(out["peak_memory_bytes"][0]))
+        capacity = float(out["memory_capacity_bytes"][0])
+        return {"config": config, "valid": True, "scored": True, "step_time_s": float(out["step_time_s"][0]),
+                "peak_memory_bytes": peak, "memory_capacity_bytes": capacity, "fits": bool(out["fits"][0]),
+                "mfu": float(out["mfu"][0])}
+
+    def values(self, ev: dict) -> tuple[list[float], dict]:
+        if not ev["valid"]:
+            n = len(ev["violations"])
+            return ([PENALTY[o] * (RULE_WEIGHT + n) for o in self.objectives],
+                    {"rules": RULE_WEIGHT * n, "memory": 0.0})
+        overflow = ev["peak_memory_bytes"] / ev["memory_capacity_bytes"] - 1.0
+        raw = {"time": ev["step_time_s"], "memory": ev["peak_memory_bytes"], "gpus": float(ev["config"]["num_gpus"])}
+        vals = [raw[o] for o in self.objectives]
+        if self.penalise and overflow > 0:
+            vals = [PENALTY[o] * (1.0 + overflow) for o in self.objectives]
+        return vals, {"rules": 0.0, "memory": overflow}
+
+    def __call__(self, trial):
+        cfg = self.suggest(trial)
+        key = self.key_of(cfg)
+        ev = self.cache.get(key)
+        if ev is None:
+            ev = self.evaluate(cfg)
+            self.cache[key] = {**ev, "scored": False}
+        vals, cons = self.values(ev)
+        trial.set_user_attr("eval", ev)
+        if self.new_api:
+            for k, v in cons.items():
+                trial.set_constraint(k, v)
+        else:
+            trial.set_user_attr("constraints", cons)
+        return vals[0] if len(vals) == 1 else vals
+
+
+def _open_storage(storage):
+    """None (in memory), an RDB URL, or an Optuna storage object. RDB storages get heartbeats so that the
+    trial a killed process left RUNNING is marked FAIL by the next process."""
+    import optuna
+
+    if storage is None or not isinstance(storage, str):
+        return storage
+    kw = {}
+    if storage.startswith("sqlite"):
+        kw["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S, **kw)
+
+
+HEARTBEAT_S = 10
+
+
+def _default_study_name(space: SearchSpace, objectives, encoding: str) -> str:
+    enc = "" if encoding == "categorical" else f"-{encoding}"
+    return (f"plan-{space.model.name}-{space.cluster.name}-gb{space.global_batch}-"
+            f"{'+'.join(objectives)}{enc}")
+
+
+def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_name, seed, n_trials, cost,
+             enqueue: bool = True):
+    import optuna
+
+    from costmodel.profiles import InputError
+
+    space = search_space(model, cluster, global_batch, vary_nodes="gpus" in objectives)
+    if space.n_valid == 0:
+        return space, None, None, None, 0
+    encoding = "index" if (sampler == "cmaes" or isinstance(sampler, optuna.samplers.CmaEsSampler)) else "categorical"
+    n_trials = default_budget(space.n_valid) if n_trials is None else int(n_trials)
+    obj = _Objective(space, cost, objectives, encoding, penalise=encoding == "index")
+    seeds = expert_seeds(space)
+    x0 = obj.params_of(seeds[0]) if seeds and encoding == "index" else None
+    if x0 is not None:
+        x0 = {k: v for k, v in x0.items()}
+    smp = _make_sampler(sampler, seed, n_trials, len(objectives), x0)
+    if storage is not None and study_name is None:
+        study_name = _default_study_name(space, objectives, encoding)
+    study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,
+                                directions=["minimize"] * len(objectives), load_if_exists=True)
+    sig = space.signature(encoding, objectives)
+    old = study.user_attrs.get("planner_space")
+    if old is None:
+        study.set_user_attr("planner_space", sig)
+    elif old != sig:
+        diff = sorted(k for k in sig if old.get(k) != sig[k])
+        raise InputError(f"study {study.study_name!r} in {storage} was made for another search "
+                         f"({', '.join(f'{k}={old.get(k)}' for k in diff)}; now {', '.join(f'{k}={sig[k]}' for k in diff)}); "
+                         f"use another --study-name")
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    obj.remember(done)
+    if enqueue:
+        for cfg in seeds[: max(1, n_trials // 4)]:
+            study.enqueue_trial(obj.params_of(cfg), skip_if_exists=True)
+    return space, study, obj, study_name, n_trials
+
+
+def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tuple[int, bool]:
+    """Run n_trials new trials; returns (trials finished, interrupted)."""
+    finished = 0
+
+    def cb(study_, trial_):
+        nonlocal finished
+        finished += 1
+        if progress is not None:
+            progress(finished, n_trials)
+
+    try:
+        if n_trials > 0:
+            study.optimize(obj, n_trials=n_trials, timeout=timeout_s, callbacks=[cb])
+    except KeyboardInterrupt:
+        return finished, True
+    return finished, False
+
+
+def _concat_scores(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for k, v in parts[0].items():
+        if isinstance(v, dict):
+            out[k] = _concat_scores([p[k] for p in parts])
+        elif np.ndim(v) == 2:
+            w = max(np.shape(p[k])[1] for p in parts)
+            out[k] = np.concatenate([np.pad(np.asarray(p[k], float), ((0, 0), (0, w - np.shape(p[k])[1])),
+                                            constant_values=np.nan) for p in parts])
+        else:
+            out[k] = np.concatenate([np.atleast_1d(p[k]) for p in parts])
+    return out
+
+
+def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations, interrupted, study_name, storage):
+    import optuna
+
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    by_nodes: dict[int, list[int]] = {}
+    seen = set()
+    for t in trials:
+        ev = t.user_attrs.get("eval")
+        if not ev or not ev.get("valid"):
+            continue
+        k = _Objective.key_of(ev["config"])
+        if k in seen:
+            continue
+        seen.add(k)
+        i = space.index.get(k[0], {}).get(k[1:])
+        if i is not None:
+            by_nodes.setdefault(k[0], []).append(i)
+    parts, plan_parts, node_col = [], [], []
+    for nodes in sorted(by_nodes):
+        sub = _take(space.valid[nodes], sorted(by_nodes[nodes]))
+        plan_parts.append(sub)
+        parts.append(cost(space.model, space.cluster_for(nodes), sub))
+        node_col.append(np.full(len(sub), nodes))
+    common = dict(study=study, objectives=objectives, n_trials=n_trials, total_trials=len(trials),
+                  evaluations=evaluations, interrupted=interrupted, sampler=sampler_name, study_name=study_name,
+                  storage=storage if isinstance(storage, str) or storage is None else repr(storage))
+    if not parts:
+        empty = PlanArrays.from_columns(0, global_batch=space.global_batch)
+        return OptunaResult(empty, {}, np.zeros(0, dtype=int), 0, pareto=np.zeros(0, dtype=int),
+                            nodes=np.zeros(0, dtype=int), **common)
+    plans = PlanArrays(**{f: (None if getattr(plan_parts[0], f) is None else
+                              np.concatenate([getattr(p, f) for p in plan_parts]))
+                          for f in PlanArrays.__dataclass_fields__})
+    scores = _concat_scores(parts)
+    fits = np.asarray(scores["fits"], dtype=bool)
+    vals = np.stack([_objective_column(scores, o, plans) for o in objectives], axis=1)
+    feas = np.flatnonzero(fits)
+    front = feas[pareto_front(vals[feas])] if len(feas) else np.zeros(0, dtype=int)
+    primary, time_ = vals[:, 0], np.asarray(scores["step_time_s"], float)
+    front = front[np.lexsort((time_[front], primary[front]))]
+    rest_fit = np.setdiff1d(feas, front)
+    rest_fit = rest_fit[np.lexsort((time_[rest_fit], primary[rest_fit]))]
+    peak = np.nanmax(scores["peak_memory_bytes"], axis=1)
+    nofit = np.flatnonzero(~fits)
+    nofit = nofit[np.argsort(peak[nofit], kind="stable")]
+    order = np.concatenate([front, rest_fit, nofit]).astype(int)
+    return OptunaResult(plans, scores, order, len(plans), pareto=front, nodes=np.concatenate(node_col), **common)
+
+
+def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, cost: CostFn = default_cost,
+                  sampler: str | None = None, n_trials: int | None = None,
+                  objectives: tuple[str, ...] | str = ("time",), storage: str | None = None,
+                  study_name: str | None = None, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None, timeout_s: float | None = None,
+                  workers: int = 1) -> OptunaResult:
+    """Search the layouts of ``planner.space`` with Optuna instead of scoring them all.
+
+    sampler: "tpe", "cmaes" (single objective) or "nsga2"; None picks tpe for one objective, nsga2 for
+      several (an ``optuna.samplers.BaseSampler`` instance is used as given).
+    n_trials: new trials to run (default ``default_budget``: 10% of the valid plans, at least 50); a resumed
+      study keeps its finished trials and runs n_trials more. Expert seeds (``expert_seeds``) are enqueued
+      first and count as trials.
+    objectives: any of "time" (step time), "memory" (peak memory), "gpus" (GPU count; the node count is then
+      sampled over powers of two up to the cluster's nodes), minimised; several give a Pareto front.
+    storage: None (in memory), an RDB URL such as "sqlite:///plan.db", or an Optuna storage. With a storage,
+      ``study_name`` (default: derived from model, cluster, batch, objectives) is created or resumed.
+    progress: called as progress(finished_trials, n_trials) after each trial (in-process runs; with
+      workers > 1 the parent polls the storage and reports the study's new trials).
+    timeout_s: stop starting new trials after this many seconds.
+    workers: processes sharing the RDB storage (each runs its share of n_trials with seed + its index);
+      only with a storage URL. ``cost`` must then be picklable (a module-level function).
+
+    KeyboardInterrupt ends the search early: finished trials are kept (in the storage too) and the result,
+    best so far, has ``interrupted=True``.
+    """
+    import optuna
+
+    from costmodel.profiles import InputError
+
+    objectives, sampler_name = _check_args(objectives, sampler)
+    workers = int(workers)
+    if workers < 1:
+        raise InputError(f"workers={workers}: valid workers are 1 or more")
+    if workers > 1 and not (isinstance(storage, str) and "://" in storage and storage != "sqlite://"
+                            and ":memory:" not in storage):
+        raise InputError(f"workers={workers} needs a shared RDB storage such as sqlite:///plan.db "
+                         f"(got storage={storage!r})")
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            space, study, obj, study_name, n_trials = _prepare(model, cluster, global_batch, objectives,
+                                                               sampler_name, storage, study_name, seed,
+                                                               n_trials, cost)
+            name = sampler_name if isinstance(sampler_name, str) else type(sampler_name).__name__
+            if study is None:
+                empty = PlanArrays.from_columns(0, global_batch=global_batch)
+                return OptunaResult(empty, {}, np.zeros(0, dtype=int), 0, objectives=objectives,
+                                    pareto=np.zeros(0, dtype=int), nodes=np.zeros(0, dtype=int), sampler=name)
+            if workers == 1:
+                finished, interrupted = _optimize(study, obj, n_trials, timeout_s, progress)
+                evaluations = obj.evaluations
+            else:
+                finished, interrupted, evaluations = _run_workers(
+                    study, model, cluster, global_batch, cost, sampler_name, n_trials, objectives, storage,
+                    study_name, seed, progress, timeout_s, workers)
+            return _result(space, study, cost, objectives, name, finished, evaluations, interrupted,
+                           study_name, storage)
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def _worker(args: dict, out) -> None:
+    """One worker process of ``optuna_search(workers=N)``: load the shared study and run its trials."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    try:
+        space, study, obj, _, n = _prepare(args["model"], args["cluster"], args["global_batch"],
+                                           args["objectives"], args["sampler"], args["storage"],
+                                           args["study_name"], args["seed"], args["n_trials"], args["cost"],
+                                           enqueue=False)
+        finished, interrupted = _optimize(study, obj, n, args["timeout_s"], None)
+        out.put((finished, interrupted, obj.evaluations, None))
+    except KeyboardInterrupt:
+        out.put((0, True, 0, None))
+    except BaseException as exc:  # reported by the parent
+        out.put((0, False, 0, f"{type(exc).__name__}: {exc}"))
+
+
+def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, objectives, storage, study_name,
+                 seed, progress, timeout_s, workers) -> tuple[int, bool, int]:
+    import multiprocessing as mp
+    import os
+    import queue
+    import signal
+    import time
+
+    import optuna
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    shares = [n_trials // workers + (1 if i < n_trials % workers else 0) for i in range(workers)]
+    procs = []
+    for i, share in enumerate(shares):
+        if share == 0:
+            continue
+        args = dict(model=model, cluster=cluster, global_batch=global_batch, cost=cost, sampler=sampler,
+                    n_trials=share, objectives=objectives, storage=storage, study_name=study_name,
+                    seed=seed + i, timeout_s=timeout_s)
+        p = ctx.Process(target=_worker, args=(args, out), daemon=False)
+        p.start()
+        procs.append(p)
+    interrupted = False
+    results = []
+    try:
+        while any(p.is_alive() for p in procs) or len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=0.5))
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and out.empty():
+                    break
+            if progress is not None:
+                now = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+                progress(min(now - start, n_trials), n_trials)
+    except KeyboardInterrupt:
+        interrupted = True
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        p.join()
+    while True:
+        try:
+            results.append(out.get_nowait())
+        except queue.Empty:
+            break
+    errors = [r[3] for r in results if r[3]]
+    if errors and not interrupted:
+        raise RuntimeError("optuna_search worker failed: " + "; ".join(errors))
+    now = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    return now - start, interrupted or any(r[1] for r in results), sum(r[2] for r in results)

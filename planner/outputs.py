@@ -1,0 +1,691 @@
+"""Turn a chosen plan into what a cluster runs: Megatron-LM flags, a torchrun launcher, a Slurm job.
+
+    megatron_args(model, plan)            the ``pretrain_gpt.py`` flags, one flag (+ value) per item
+    parse_megatron_args(args, num_gpus=)  those flags back into ParallelPlan fields
+    launch_script(...) / sbatch_script(...)  bash for torchrun on every node / for ``sbatch``
+    write_outputs(out_dir, ...)           plan.json, megatron_args.txt, launch.sh, launch.sbatch, atomically
+
+Every flag below was checked against the argparse definitions in NVIDIA/Megatron-LM
+``megatron/training/arguments.py`` (commit 000c4ac24f61, the megatron-core 0.15/0.16 line; the
+choices were cross-checked against the ``megatron-core==0.16.1`` wheel's ``TransformerConfig``,
+``enums.Fp8Recipe`` / ``Fp4Recipe`` and ``PipelineParallelLayerLayout``). The comment above each
+group names the argparse group function and a recognisable line. Anything the plan implies that has
+no verified flag goes into a trailing ``# ...`` comment item instead of a guessed flag; comment items
+are skipped by :func:`parse_megatron_args` and become bash comments in the scripts.
+
+Data, tokenizer, optimizer, learning-rate and checkpoint flags are not part of a plan: the scripts
+pass their own arguments (``"$@"``) through to ``pretrain_gpt.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from costmodel.profiles import InputError
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+
+__all__ = [
+    "OUTPUT_FILES",
+    "launch_script",
+    "layout_from_layers_per_stage",
+    "megatron_args",
+    "parse_layout",
+    "parse_megatron_args",
+    "sbatch_script",
+    "write_outputs",
+]
+
+OUTPUT_FILES = ("plan.json", "megatron_args.txt", "launch.sh", "launch.sbatch")
+
+# Default rank order of megatron-core; the one alternative with a flag (--use-tp-pp-dp-mapping).
+_DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+_TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
+
+_FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
+
+
+# Pipeline layout strings ----------------------------------------------------------------------
+# megatron/core/transformer/pipeline_parallel_layer_layout.py (megatron-core 0.16.1)
+#   PipelineParallelLayerLayout.parse_str_to_list: "Ettt|(tt|)*29,m|L"; E embedding, L loss,
+#   t decoder layer, m MTP layer; stages split by "|", "(..)*n" and "x*n" unrolled, commas cosmetic.
+#   __init__: "layout[vpp_rank * pipeline_model_parallel_size + pp_rank]" -- stage k of the flat list
+#   is virtual chunk k // pp of pipeline rank k % pp.
+def _unroll_layout(layout: str) -> list[str]:
+    s = layout.replace(",", "").replace(" ", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    return s.split("|")
+
+
+def parse_layout(layout: str, pp: int) -> tuple[int, tuple[int, ...]]:
+    """(vpp, decoder layers per pipeline rank) of a ``--pipeline-model-parallel-layout`` string.
+
+    Raises InputError (one line) when the string is not a layout Megatron would accept for ``pp``.
+    """
+    stages = _unroll_layout(layout)
+    bad = sorted({ch for st in stages for ch in st if ch not in "ELtm"})
+    if bad:
+        raise InputError(f"pipeline layout {layout!r}: unknown layer characters {bad}; valid: E, L, t, m")
+    if len(stages) % pp:
+        raise InputError(f"pipeline layout {layout!r} has {len(stages)} stages, not a multiple of pp={pp}")
+    flat = "".join(stages)
+    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or flat.count("L") != 1:
+        raise InputError(f"pipeline layout {layout!r} must start with one 'E' (embedding) and end with one "
+                         f"'L' (loss)")
+    vpp = len(stages) // pp
+    per_rank = tuple(sum(stages[v * pp + r].count("t") for v in range(vpp)) for r in range(pp))
+    return vpp, per_rank
+
+
+def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], vpp: int = 1) -> str:
+    """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r.
+
+    Each rank's layers are spread over its ``vpp`` virtual chunks as evenly as possible (the later
+    chunks take the remainder); the embedding goes first and the loss last.
+    """
+    pp = len(layers_per_stage)
+    stages: list[str] = []
+    for v in range(vpp):
+        for r in range(pp):
+            base, rem = divmod(int(layers_per_stage[r]), vpp)
+            n = base + (1 if v >= vpp - rem else 0)
+            body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
+            if v == 0 and r == 0:
+                body = "E" + body
+            if v == vpp - 1 and r == pp - 1:
+                body = body + "L"
+            stages.append(body)
+    return "|".join(stages)
+
+
+# Flags ----------------------------------------------------------------------------------------
+def _check_layout(model: ModelSpec, plan: ParallelPlan, layout: str) -> None:
+    vpp, per_rank = parse_layout(layout, plan.pp)
+    if "m" in "".join(_unroll_layout(layout)):
+        raise InputError(f"pipeline layout {layout!r} places MTP layers ('m') but {model.name} has none")
+    if sum(per_rank) != model.layers:
+        raise InputError(f"pipeline layout {layout!r} places {sum(per_rank)} decoder layers ('t') but "
+                         f"{model.name} has layers={model.layers}")
+    if vpp != plan.vpp:
+        raise InputError(f"pipeline layout {layout!r} has {len(_unroll_layout(layout))} stages = pp={plan.pp} x "
+                         f"vpp={vpp}, but the plan has vpp={plan.vpp}")
+    if plan.layers_per_stage is not None and tuple(plan.layers_per_stage) != per_rank:
+        raise InputError(f"pipeline layout {layout!r} puts {list(per_rank)} layers on the pipeline ranks but the "
+                         f"plan has layers_per_stage={list(plan.layers_per_stage)}")
+
+
+def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,
+                  fp8_recipe: str = "tensorwise") -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan``.
+
+    One flag, or flag and value separated by one space, per item; items starting with ``#`` are
+    comments (settings without a verified flag, and notes). ``layout`` is a
+    ``--pipeline-model-parallel-layout`` string for uneven splits; without it, a plan with explicit
+    ``layers_per_stage`` gets a layout generated from them. ``fp8_recipe`` picks the Hopper FP8
+    scaling (delayed, tensorwise or blockwise) for ``precision='fp8'``.
+    """
+    if fp8_recipe not in _FP8_RECIPES:
+        raise InputError(f"fp8_recipe={fp8_recipe!r}; valid: {', '.join(_FP8_RECIPES)}")
+    out: list[str] = []
+    notes: list[str] = []
+    fsdp = plan.zero_stage >= 2
+
+    # -- model shape ---------------------------------------------------------------------------
+    # arguments.py _add_network_size_args:
+    #   group.add_argument('--num-layers', type=int, default=None, help='Number of transformer layers.')
+    #   '--hidden-size', '--ffn-hidden-size', '--num-attention-heads', '--kv-channels',
+    #   group.add_argument('--group-query-attention', action='store_true', ...), '--num-query-groups',
+    #   '--max-position-embeddings', '--position-embedding-type' choices=['learned_absolute', 'rope', ...],
+    #   '--normalization' choices=['LayerNorm', 'RMSNorm'], '--swiglu',
+    #   '--untie-embeddings-and-output-weights', '--multi-latent-attention'.
+    # arguments.py _add_data_args: group.add_argument('--seq-length', type=int, ...)
+    # arguments.py _add_training_args: '--disable-bias-linear' (dest='add_bias_linear').
+    mla = model.mla_kv_lora_rank is not None
+    out += [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
+            f"--ffn-hidden-size {model.ffn_hidden}", f"--num-attention-heads {model.heads}"]
+    if model.hidden % model.heads or model.head_width != model.hidden // model.heads:
+        out.append(f"--kv-channels {model.head_width}")
+    if not mla and model.kv_heads is not None and model.kv_heads != model.heads:
+        out += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
+    out += [f"--seq-length {model.seq_len}", f"--max-position-embeddings {model.seq_len}"]
+    out.append("--position-embedding-type " + ("learned_absolute" if model.learned_position_embeddings else "rope"))
+    if model.gated_mlp:
+        # Llama-style: SwiGLU, RMSNorm, no linear biases (the cost model counts no biases).
+        out += ["--swiglu", "--normalization RMSNorm", "--disable-bias-linear"]
+    else:
+        out.append("--normalization LayerNorm")
+    if not model.tied_embeddings:
+        out.append("--untie-embeddings-and-output-weights")
+    # arguments.py _add_tokenizer_args defines '--vocab-size' but the tokenizer normally sets the
+    # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
+    notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
+                 f"pass --vocab-size {model.vocab})")
+
+    # -- multi-head latent attention -------------------------------------------------------------
+    # arguments.py _add_mla_args: group.add_argument('--q-lora-rank', type=int, default=None, ...),
+    #   '--kv-lora-rank', '--qk-head-dim', '--qk-pos-emb-head-dim', '--v-head-dim'.
+    if mla:
+        out.append("--multi-latent-attention")
+        if model.mla_q_lora_rank is not None:
+            out.append(f"--q-lora-rank {model.mla_q_lora_rank}")
+        out += [f"--kv-lora-rank {model.mla_kv_lora_rank}", f"--qk-head-dim {model.head_width}",
+                f"--qk-pos-emb-head-dim {model.mla_rope_dim}",
+                f"--v-head-dim {model.mla_v_head_dim or model.head_width}"]
+
+    # -- mixture of experts -----------------------------------------------------------------------
+    # arguments.py _add_moe_args: group.add_argument('--num-experts', type=int, default=None, ...),
+    #   '--moe-router-topk', '--moe-ffn-hidden-size',
+    #   '--moe-shared-expert-intermediate-size' ("num_shared_experts * ffn_size_of_each_shared_expert"),
+    #   '--moe-layer-freq' type=moe_freq_type ("([0]+[1]*23)": 1 dense layer followed by 23 experts layers),
+    #   '--moe-token-dispatcher-type' choices=['allgather', 'alltoall', 'flex'], '--moe-grouped-gemm'.
+    # validate_args: "Currently GroupedGEMM for MoE only supports bf16 dtype" (fp8/fp4 run with --bf16).
+    if model.is_moe:
+        out += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_topk}",
+                f"--moe-ffn-hidden-size {model.expert_ffn}"]
+        if model.shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
+        if model.dense_layers:
+            out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
+        out.append("--moe-token-dispatcher-type alltoall")
+        if model.precision != "fp16":
+            out.append("--moe-grouped-gemm")
+        else:
+            notes.append("# --moe-grouped-gemm left out: Megatron's grouped GEMM needs --bf16")
+
+    # -- parallelism ------------------------------------------------------------------------------
+    # arguments.py _add_distributed_args:
+    #   group.add_argument('--tensor-model-parallel-size', type=int, default=1, ...),
+    #   '--pipeline-model-parallel-size', '--pipeline-model-parallel-layout' ("E|(t|)*3,m|m||L"),
+    #   '--num-layers-per-virtual-pipeline-stage', '--num-virtual-stages-per-pipeline-rank',
+    #   '--context-parallel-size', '--use-distributed-optimizer', '--overlap-grad-reduce',
+    #   '--overlap-param-gather', '--use-tp-pp-dp-mapping' ("from tp-cp-ep-dp-pp to tp-cp-ep-pp-dp"),
+    #   '--use-megatron-fsdp', '--data-parallel-sharding-strategy' choices=['no_shard', 'optim',
+    #   'optim_grads', 'optim_grads_params'].
+    # arguments.py _add_moe_args: '--expert-model-parallel-size', '--expert-tensor-parallel-size'
+    #   (default None = --tensor-model-parallel-size, so it is always written for MoE models).
+    # arguments.py _add_training_args: group.add_argument('--sequence-parallel', action='store_true', ...),
+    #   group.add_argument('--tp-comm-overlap', action='store_true', ...), '--no-gradient-accumulation-fusion'.
+    # arguments.py _add_checkpointing_args: '--ckpt-format' choices=[..., 'fsdp_dtensor'].
+    # validate_args: "No more than one of the following arguments can be set at the same time:
+    #   --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,
+    #   --pipeline-model-parallel-layout" -> vpp comes from the layout when there is one.
+    out += [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}"]
+    if layout is None and plan.layers_per_stage is not None:
+        layout = layout_from_layers_per_stage(plan.layers_per_stage, plan.vpp)
+    if layout is not None:
+        _check_layout(model, plan, layout)
+        out.append(f"--pipeline-model-parallel-layout {layout}")
+    elif plan.vpp > 1:
+        out.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
+    if plan.vpp > 1 and plan.pp == 2:
+        # validate_args: without overlap_p2p_comm "pipeline-model-parallel size should be greater than 2";
+        # '--no-overlap-p2p-communication' (store_false, dest='overlap_p2p_comm') is the only flag and
+        # batch_p2p_comm = not overlap_p2p_comm (core_transformer_config_from_args): the defaults are right.
+        notes.append("# interleaved schedule with pp=2: keep Megatron's default p2p overlap "
+                     "(overlap_p2p_comm=True, batch_p2p_comm=False); never add --no-overlap-p2p-communication")
+    if plan.cp > 1:
+        out.append(f"--context-parallel-size {plan.cp}")
+    if model.is_moe or plan.ep != 1:
+        out.append(f"--expert-model-parallel-size {plan.ep}")
+    if model.is_moe or plan.etp != 1:
+        out.append(f"--expert-tensor-parallel-size {plan.etp}")
+    if plan.sequence_parallel and plan.tp > 1:
+        out.append("--sequence-parallel")
+    core = plan.framework == "megatron-core"
+    if core and plan.tp > 1 and plan.sequence_parallel:
+        # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
+        # parallelism is enabled".
+        out.append("--tp-comm-overlap")
+    if plan.distributed_optimizer:
+        out.append("--use-distributed-optimizer")
+    if fsdp:
+        # ZeRO-2/3 = Megatron-FSDP optim_grads / optim_grads_params (costmodel/rules.py); validate_args:
+        # "Megatron FSDP only supports fsdp_dtensor checkpoint format".
+        strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
+        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
+    if core:
+        out.append("--overlap-grad-reduce")
+        if plan.distributed_optimizer or fsdp:
+            # validate_args: "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"
+            out.append("--overlap-param-gather")
+    else:
+        notes.append(f"# plan framework is {plan.framework}; these flags are for megatron-core "
+                     f"(no overlap flags written)")
+    if plan.rank_order == _TP_PP_DP_ORDER:
+        out.append("--use-tp-pp-dp-mapping")
+    elif plan.rank_order != _DEFAULT_ORDER:
+        notes.append(f"# rank order {plan.rank_order} has no Megatron flag (megatron-core supports "
+                     f"{_DEFAULT_ORDER} and, with --use-tp-pp-dp-mapping, {_TP_PP_DP_ORDER})")
+
+    # -- batch ------------------------------------------------------------------------------------
+    # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
+    #   group.add_argument('--global-batch-size', type=int, default=None, ...).
+    out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
+
+    # -- activation recomputation -----------------------------------------------------------------
+    # arguments.py _add_training_args: '--recompute-granularity' choices=['full', 'selective'],
+    #   '--recompute-method' choices=['uniform', 'block'], '--recompute-num-layers' ("2) block: the
+    #   number of individual Transformer layers to recompute within each pipeline stage").
+    # megatron-core 0.16.1 TransformerBlock: block recompute counts layers of one model chunk
+    #   (self.num_layers_per_pipeline_rank = len(self.layers)), so a plan's per-rank count is N * vpp
+    #   (as costmodel/validate.py recompute_options builds it). Full recompute of every layer is
+    #   uniform with 1 layer per unit.
+    if plan.recompute == "selective":
+        out.append("--recompute-granularity selective")
+    elif plan.recompute == "full":
+        if plan.recompute_layers is None:
+            out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        elif plan.recompute_layers == 0:
+            notes.append("# full recompute of 0 layers per stage = no recomputation (no flags written)")
+        else:
+            if plan.recompute_layers % plan.vpp:
+                raise InputError(f"recompute_layers={plan.recompute_layers} is not a multiple of vpp={plan.vpp}: "
+                                 f"Megatron's --recompute-num-layers counts layers per virtual chunk; valid: "
+                                 f"multiples of {plan.vpp}, or None (all)")
+            out += ["--recompute-granularity full", "--recompute-method block",
+                    f"--recompute-num-layers {plan.recompute_layers // plan.vpp}"]
+
+    # -- precision --------------------------------------------------------------------------------
+    # arguments.py _add_mixed_precision_args: group.add_argument('--bf16', action='store_true', ...), '--fp16'.
+    # arguments.py _add_transformer_engine_args:
+    #   group.add_argument('--fp8-format', default=None, choices=['e4m3', 'hybrid'], ..., dest='fp8')
+    #   group.add_argument('--fp8-recipe', default='delayed',
+    #                      choices=['tensorwise', 'delayed', 'mxfp8', 'blockwise', 'custom'], ...)
+    #   group.add_argument('--fp4-format', default=None, choices=['e2m1'], ..., dest='fp4')
+    #   group.add_argument('--fp4-recipe', default='nvfp4', choices=['nvfp4', 'custom'], ...)
+    # (megatron-core 0.16.1 enums.Fp8Recipe / Fp4Recipe hold the same names.)
+    p = model.precision
+    out.append("--fp16" if p == "fp16" else "--bf16")
+    if p == "fp8":
+        out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
+    elif p == "mxfp8":
+        out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
+    elif p == "nvfp4":
+        out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+
+    return out + notes
+
+
+# Parsing ----------------------------------------------------------------------------------------
+def _tokens(args: list[str] | str) -> list[str]:
+    if isinstance(args, str):
+        lines = [ln for ln in args.splitlines() if not ln.lstrip().startswith("#")]
+        return shlex.split("\n".join(lines), comments=False)
+    toks: list[str] = []
+    for item in args:
+        item = str(item).strip()
+        if not item or item.startswith("#"):
+            continue
+        if item.startswith("--") and " " in item:
+            flag, value = item.split(None, 1)
+            toks += [flag, value.strip()]
+        else:
+            toks.append(item)
+    return toks
+
+
+def _flag_map(tokens: list[str]) -> dict[str, str | None]:
+    flags: dict[str, str | None] = {}
+    i = 0
+    while i < len(tokens) and not tokens[i].startswith("--"):
+        i += 1  # a leading entry script (pretrain_gpt.py) or launcher word
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--"):
+            raise InputError(f"Megatron arguments: unexpected value {tok!r} without a flag before it")
+        if "=" in tok:
+            name, value = tok.split("=", 1)
+            flags[name] = value
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            flags[tok] = tokens[i + 1]
+            i += 2
+        else:
+            flags[tok] = None
+            i += 1
+    return flags
+
+
+def _int(flags: dict[str, str | None], name: str, default: int | None = None) -> int | None:
+    if name not in flags:
+        return default
+    value = flags[name]
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InputError(f"Megatron arguments: {name} needs an integer, got {value!r}") from None
+
+
+def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -> dict[str, Any]:
+    """ParallelPlan fields from Megatron-LM flags (the items of :func:`megatron_args`, an argv-style
+    token list, or the text of ``megatron_args.txt`` / a command line).
+
+    dp is not a flag: with ``num_gpus`` it is derived as Megatron does (world / (tp * pp * cp)).
+    Flags that are absent take Megatron's defaults (no recompute, no distributed optimizer,
+    etp = tp for MoE models); sequence_parallel is left out with tp = 1 (Megatron turns it off).
+    """
+    f = _flag_map(_tokens(args))
+    tp = _int(f, "--tensor-model-parallel-size", 1)
+    pp = _int(f, "--pipeline-model-parallel-size", 1)
+    cp = _int(f, "--context-parallel-size", 1)
+    out: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "ep": _int(f, "--expert-model-parallel-size", 1)}
+    if "--expert-tensor-parallel-size" in f:
+        out["etp"] = _int(f, "--expert-tensor-parallel-size")
+    elif "--num-experts" in f:
+        out["etp"] = tp  # validate_args: expert_tensor_parallel_size = tensor_model_parallel_size
+    if num_gpus is not None:
+        if num_gpus % (tp * pp * cp):
+            raise InputError(f"Megatron arguments: {num_gpus} GPUs are not divisible by tp*pp*cp = "
+                             f"{tp}*{pp}*{cp} = {tp * pp * cp}")
+        out["dp"] = num_gpus // (tp * pp * cp)
+
+    num_layers = _int(f, "--num-layers")
+    layout = f.get("--pipeline-model-parallel-layout")
+    if layout:
+        vpp, per_rank = parse_layout(layout, pp)
+        out["vpp"] = vpp
+        out["layers_per_stage"] = per_rank
+    elif "--num-virtual-stages-per-pipeline-rank" in f:
+        out["vpp"] = _int(f, "--num-virtual-stages-per-pipeline-rank")
+    elif "--num-layers-per-virtual-pipeline-stage" in f:
+        if num_layers is None:
+            raise InputError("Megatron arguments: --num-layers-per-virtual-pipeline-stage needs --num-layers")
+        out["vpp"] = (num_layers // pp) // _int(f, "--num-layers-per-virtual-pipeline-stage")
+    else:
+        out["vpp"] = 1
+    first = _int(f, "--decoder-first-pipeline-num-layers")
+    last = _int(f, "--decoder-last-pipeline-num-layers")
+    if not layout and (first is not None or last is not None) and num_layers is not None and pp > 1:
+        inner = pp - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        if inner and rest % inner:
+            raise InputError(f"Megatron arguments: {rest} middle layers do not split evenly over {inner} stages")
+        mid = [rest // inner] * inner if inner else []
+        out["layers_per_stage"] = tuple(([first] if first is not None else []) + mid
+                                        + ([last] if last is not None else []))
+
+    if "--sequence-parallel" in f:
+        out["sequence_parallel"] = True
+    elif tp > 1:
+        out["sequence_parallel"] = False
+
+    if "--micro-batch-size" in f:
+        out["micro_batch"] = _int(f, "--micro-batch-size")
+    if "--global-batch-size" in f:
+        out["global_batch"] = _int(f, "--global-batch-size")
+
+    gran = f.get("--recompute-granularity")
+    if gran is None and "--recompute-activations" in f:
+        gran = "selective"  # validate_args: "if args.recompute_activations: recompute_granularity = 'selective'"
+    if gran == "full":
+        out["recompute"] = "full"
+        if f.get("--recompute-method") == "block":
+            out["recompute_layers"] = _int(f, "--recompute-num-layers", 0) * out["vpp"]
+        else:
+            out["recompute_layers"] = None
+    elif gran == "selective":
+        out["recompute"] = "selective"
+    else:
+        out["recompute"] = "none"
+
+    out["distributed_optimizer"] = "--use-distributed-optimizer" in f
+    strategy = f.get("--data-parallel-sharding-strategy") if "--use-megatron-fsdp" in f else None
+    if strategy == "optim_grads_params":
+        out["zero_stage"] = 3
+    elif strategy == "optim_grads":
+        out["zero_stage"] = 2
+    else:
+        out["zero_stage"] = 1 if (out["distributed_optimizer"] or strategy == "optim") else 0
+    if "--use-tp-pp-dp-mapping" in f:
+        out["rank_order"] = _TP_PP_DP_ORDER
+    return out
+
+
+# Scripts ----------------------------------------------------------------------------------------
+def _check_world(cluster: ClusterSpec, plan: ParallelPlan) -> None:
+    if plan.world_size != cluster.num_gpus:
+        raise InputError(f"plan uses tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = {plan.world_size} GPUs "
+                         f"but cluster {cluster.name} has {cluster.num_gpus} ({cluster.nodes} nodes x "
+                         f"{cluster.gpus_per_node}); Megatron would derive a different dp")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _args_block(args: list[str]) -> str:
+    """The flags as a bash array ``MEGATRON_ARGS=(...)``, comment items as bash comments after it."""
+    lines = ["MEGATRON_ARGS=("]
+    comments: list[str] = []
+    for item in args:
+        item = str(item).strip()
+        if not item:
+            continue
+        if item.startswith("#"):
+            comments.append("# " + _one_line(item.lstrip("#")))
+            continue
+        if item.startswith("--") and " " in item:
+            flag, value = item.split(None, 1)
+            lines.append(f"    {shlex.quote(flag)} {shlex.quote(value.strip())}")
+        else:
+            lines.append(f"    {shlex.quote(item)}")
+    lines.append(")")
+    return "\n".join(lines + comments)
+
+
+def _needs_max_connections(plan: ParallelPlan) -> bool:
+    # validate_args: with (tp > 1 or cp > 1) before Blackwell, "Using tensor model parallelism or context
+    # parallelism require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"; Megatron-FSDP
+    # asserts the opposite ("FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one").
+    # (sequence parallelism only exists with tp > 1: validate_args turns it off when tp == 1.)
+    return (plan.tp > 1 or plan.cp > 1) and plan.zero_stage < 2
+
+
+def _env_block(plan: ParallelPlan) -> str:
+    if _needs_max_connections(plan):
+        return ("# Megatron requires one CUDA hardware queue with tensor/sequence or context parallelism\n"
+                "# (validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == 1 before Blackwell).\n"
+                "export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    if plan.zero_stage >= 2:
+        return ("# Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1.\n"
+                "unset CUDA_DEVICE_MAX_CONNECTIONS")
+    return "# CUDA_DEVICE_MAX_CONNECTIONS is left alone: no tensor or context parallelism."
+
+
+def _header(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> str:
+    lps = "" if plan.layers_per_stage is None else f", layers per stage {list(plan.layers_per_stage)}"
+    extra = ""
+    if cluster.device_groups:
+        extra = (f"\n# Note: {cluster.name} is heterogeneous ({len(cluster.device_groups)} device groups); "
+                 f"this launcher treats it as {cluster.nodes} x {cluster.gpus_per_node}.")
+    return (f"# Megatron-LM training of {_one_line(model.name)} on {_one_line(cluster.name)}: {cluster.nodes} nodes x "
+            f"{cluster.gpus_per_node} {_one_line(cluster.gpu)} GPUs (generated by planner/outputs.py).\n"
+            f"# Plan: tp={plan.tp} pp={plan.pp} vpp={plan.vpp} dp={plan.dp} cp={plan.cp} ep={plan.ep} "
+            f"etp={plan.etp}, micro-batch {plan.micro_batch}, global batch {plan.global_batch}, recompute "
+            f"{plan.recompute}{lps}, precision {model.precision}.{extra}\n"
+            f"# Data, tokenizer, optimizer and checkpoint flags are not part of the plan: pass them as arguments,\n"
+            f"# e.g. --mock-data --tokenizer-type NullTokenizer --vocab-size {model.vocab} --train-iters 100 "
+            f"--lr 3e-4\n"
+            f"# MEGATRON_LM_DIR points at the Megatron-LM checkout holding the entry script.")
+
+
+def _entry(entry: str) -> str:
+    if os.path.isabs(entry):
+        return shlex.quote(entry)
+    return '"$MEGATRON_LM_DIR"/' + shlex.quote(entry)
+
+
+def launch_script(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, args: list[str], *,
+                  entry: str = "pretrain_gpt.py") -> str:
+    """A bash ``launch.sh`` that runs torchrun on one node; run it on every node with NODE_RANK set."""
+    _check_world(cluster, plan)
+    # torch/distributed/run.py: '--nnodes', '--nproc-per-node'/'--nproc_per_node', '--node-rank'/'--node_rank',
+    # '--master-addr'/'--master_addr', '--master-port'/'--master_port' (static rendezvous).
+    return f"""#!/usr/bin/env bash
+{_header(model, cluster, plan)}
+# Run on each of the {cluster.nodes} nodes: NODE_RANK=<0..{cluster.nodes - 1}> MASTER_ADDR=<node 0 address> ./launch.sh [extra flags]
+set -euo pipefail
+
+NNODES={cluster.nodes}
+GPUS_PER_NODE={cluster.gpus_per_node}
+if [[ -z "${{MASTER_ADDR:-}}" && $NNODES -gt 1 ]]; then
+    echo "launch.sh: MASTER_ADDR is not set; using localhost (set it to node 0's address on every node)" >&2
+fi
+NODE_RANK="${{NODE_RANK:-0}}"
+MASTER_ADDR="${{MASTER_ADDR:-localhost}}"
+MASTER_PORT="${{MASTER_PORT:-29500}}"
+MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:-.}}"
+
+{_env_block(plan)}
+
+{_args_block(args)}
+
+exec torchrun \\
+    --nnodes "$NNODES" \\
+    --nproc_per_node "$GPUS_PER_NODE" \\
+    --node_rank "$NODE_RANK" \\
+    --master_addr "$MASTER_ADDR" \\
+    --master_port "$MASTER_PORT" \\
+    {_entry(entry)} \\
+    "${{MEGATRON_ARGS[@]}}" \\
+    "$@"
+"""
+
+
+def sbatch_script(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, args: list[str], *,
+                  entry: str = "pretrain_gpt.py", job_name: str | None = None, partition: str | None = None,
+                  account: str | None = None, time_limit: str | None = None) -> str:
+    """A Slurm batch script: one torchrun task per node, c10d rendezvous on the job's first host."""
+    _check_world(cluster, plan)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", job_name or f"{model.name}-tp{plan.tp}pp{plan.pp}dp{plan.dp}").strip("-")
+    opts = [f"#SBATCH --job-name={name or 'megatron'}", f"#SBATCH --nodes={cluster.nodes}",
+            "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={cluster.gpus_per_node}",
+            "#SBATCH --exclusive"]
+    for key, value in (("partition", partition), ("account", account), ("time", time_limit)):
+        if value:
+            opts.append(f"#SBATCH --{key}={_one_line(value).replace(' ', '')}")
+    sbatch_lines = "\n".join(opts)
+    # torch/distributed/run.py: '--rdzv-backend'/'--rdzv_backend', '--rdzv-endpoint'/'--rdzv_endpoint',
+    # '--rdzv-id'/'--rdzv_id' (c10d rendezvous: no node rank needed).
+    return f"""#!/bin/bash
+{sbatch_lines}
+{_header(model, cluster, plan)}
+# Submit with: sbatch launch.sbatch [extra flags]
+set -euo pipefail
+
+NNODES={cluster.nodes}
+GPUS_PER_NODE={cluster.gpus_per_node}
+if [[ "${{SLURM_JOB_NUM_NODES:-$NNODES}}" != "$NNODES" ]]; then
+    echo "launch.sbatch: the plan needs $NNODES nodes but the job has $SLURM_JOB_NUM_NODES" >&2
+    exit 1
+fi
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT="${{MASTER_PORT:-29500}}"
+MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:-${{SLURM_SUBMIT_DIR:-.}}}}"
+
+{_env_block(plan)}
+
+{_args_block(args)}
+
+srun --kill-on-bad-exit=1 torchrun \\
+    --nnodes "$NNODES" \\
+    --nproc_per_node "$GPUS_PER_NODE" \\
+    --rdzv_id "$SLURM_JOB_ID" \\
+    --rdzv_backend c10d \\
+    --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\
+    {_entry(entry)} \\
+    "${{MEGATRON_ARGS[@]}}" \\
+    "$@"
+"""
+
+
+# Writing ----------------------------------------------------------------------------------------
+def _jsonable(obj: Any) -> Any:
+    if obj is None:
+        return None
+    # model_dump_json writes inf/nan as null (strict JSON), unlike json.dumps of model_dump().
+    return json.loads(obj.model_dump_json())
+
+
+def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                  estimate: StepEstimate | None, *, layout: str | None = None,
+                  extra: dict[str, Any] | None = None) -> list[Path]:
+    """Write plan.json, megatron_args.txt, launch.sh (executable) and launch.sbatch into ``out_dir``.
+
+    Everything is rendered first and written into a temporary directory next to ``out_dir``, which
+    is then renamed into place, so a failure leaves nothing half-written. When ``out_dir`` already
+    exists, each file is moved in with an atomic replace. ``extra`` adds top-level keys to plan.json.
+    Returns the paths of the four files.
+    """
+    out = Path(out_dir)
+    parent = out.parent
+    if not parent.is_dir():
+        raise InputError(f"{out}: parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: parent directory {parent} is not writable")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"{out}: directory is not writable")
+
+    args = megatron_args(model, plan, layout=layout)
+    data: dict[str, Any] = {"model": _jsonable(model), "cluster": _jsonable(cluster), "plan": _jsonable(plan),
+                            "estimate": _jsonable(estimate)}
+    if layout is not None:
+        data["layout"] = layout
+    for key, value in (extra or {}).items():
+        if key in data:
+            raise ValueError(f"extra key {key!r} would overwrite plan.json's {key!r}")
+        data[key] = value
+    contents = {
+        "plan.json": json.dumps(data, indent=1, allow_nan=False) + "\n",
+        "megatron_args.txt": "\n".join(args) + "\n",
+        "launch.sh": launch_script(model, cluster, plan, args),
+        "launch.sbatch": sbatch_script(model, cluster, plan, args),
+    }
+
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name or 'out'}.tmp-"))
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write in {parent} ({exc.strerror or exc})") from None
+    try:
+        for name, text in contents.items():
+            path = tmp / name
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            mode = 0o666 & ~umask
+            if name == "launch.sh":
+                mode |= 0o111 & ~umask
+            os.chmod(path, mode)
+        moved = False
+        if not out.exists():
+            os.chmod(tmp, 0o777 & ~umask)
+            try:
+                os.rename(tmp, out)  # atomic: the directory appears complete or not at all
+                moved = True
+            except OSError:
+                if not out.is_dir():  # someone else created it meanwhile: fall back to per-file replace
+                    raise
+        if not moved:
+            for name in contents:
+                os.replace(tmp / name, out / name)
+            tmp.rmdir()
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / name for name in OUTPUT_FILES]

@@ -1,0 +1,477 @@
+"""planner/outputs.py: Megatron flags round-trip into the same plan, the launchers are valid bash that
+hand exactly those flags to torchrun, and write_outputs writes its four files atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.estimate import estimate
+from costmodel.profiles import InputError, load_cluster
+from costmodel.rules import check_plan
+from costmodel.specs import ParallelPlan
+from planner import outputs
+from planner.outputs import (
+    OUTPUT_FILES,
+    launch_script,
+    layout_from_layers_per_stage,
+    megatron_args,
+    parse_layout,
+    parse_megatron_args,
+    sbatch_script,
+    write_outputs,
+)
+
+BASH = shutil.which("bash")
+needs_bash = pytest.mark.skipif(BASH is None, reason="bash not installed")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster("h100x512")
+
+
+def flags(args: list[str]) -> list[str]:
+    return [a for a in args if not a.startswith("#")]
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    for a in flags(args):
+        name, _, value = a.partition(" ")
+        if name == flag:
+            return value
+    raise KeyError(flag)
+
+
+def round_trip(model, plan, num_gpus, **kw) -> ParallelPlan:
+    args = megatron_args(model, plan, **kw)
+    return ParallelPlan(**parse_megatron_args(args, num_gpus=num_gpus))
+
+
+# name -> (model, precision, plan fields); every plan is valid for Megatron's rules on 512 GPUs.
+CASES = {
+    "dense-mha-7b": ("7b", None, dict(tp=4, pp=2, dp=64, global_batch=512)),
+    "dense-gpt3-learned-tied": ("gpt3-175b", None, dict(tp=8, pp=8, dp=8, global_batch=1536)),
+    "gqa-70b": ("70b", None, dict(tp=8, pp=4, dp=16, global_batch=512)),
+    "gqa-70b-no-sp-no-distopt": ("70b", None, dict(tp=8, pp=4, dp=16, global_batch=512, sequence_parallel=False,
+                                                   distributed_optimizer=False, zero_stage=0,
+                                                   recompute="none")),
+    "tp1-fp16": ("7b", "fp16", dict(tp=1, pp=8, dp=64, global_batch=512)),
+    "moe-mixtral-ep-etp": ("mixtral-8x7b", None, dict(tp=4, pp=2, dp=64, ep=8, etp=1, global_batch=1024)),
+    "moe-mixtral-etp2": ("mixtral-8x7b", "mxfp8", dict(tp=2, pp=4, dp=64, ep=4, etp=2, global_batch=1024)),
+    "mla-deepseek-v3": ("deepseek-v3", "fp8", dict(tp=2, pp=8, dp=32, ep=64, etp=1, global_batch=1024,
+                                                   layers_per_stage=(7, 8, 8, 8, 8, 8, 8, 6))),
+    "cp-70b": ("70b", "nvfp4", dict(tp=8, pp=4, cp=2, dp=8, global_batch=512)),
+    "vpp-70b": ("70b", None, dict(tp=8, pp=4, vpp=5, dp=16, global_batch=512)),
+    "vpp-pp2-70b": ("70b", None, dict(tp=8, pp=2, vpp=4, dp=32, global_batch=512)),
+    "full-recompute-n-layers": ("70b", None, dict(tp=8, pp=8, dp=8, global_batch=512, recompute="full",
+                                                  recompute_layers=4)),
+    "full-recompute-n-layers-vpp": ("70b", None, dict(tp=8, pp=4, vpp=2, dp=16, global_batch=512,
+                                                      recompute="full", recompute_layers=6)),
+    "full-recompute-all": ("70b", None, dict(tp=8, pp=4, dp=16, global_batch=512, recompute="full")),
+    "selective": ("70b", None, dict(tp=8, pp=4, dp=16, global_batch=512, recompute="selective")),
+    "zero3-fsdp": ("8b", None, dict(tp=1, pp=1, dp=512, global_batch=1024, zero_stage=3)),
+    "tp-pp-dp-order": ("70b", None, dict(tp=8, pp=4, dp=16, global_batch=512, rank_order="tp-cp-ep-pp-dp")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flags_round_trip_into_the_same_plan(case, cluster):
+    name, precision, fields = CASES[case]
+    model = get_model(name, precision=precision)
+    plan = ParallelPlan(**fields)
+    check_plan(model, plan, cluster.num_gpus)  # the cases are plans Megatron accepts
+    args = megatron_args(model, plan)
+    assert ParallelPlan(**parse_megatron_args(args, num_gpus=cluster.num_gpus)) == plan
+    # the text file form and an argv-style token list parse the same way
+    text = "\n".join(args) + "\n"
+    assert ParallelPlan(**parse_megatron_args(text, num_gpus=cluster.num_gpus)) == plan
+    argv = [tok for a in flags(args) for tok in a.split(" ", 1)]
+    assert ParallelPlan(**parse_megatron_args(argv, num_gpus=cluster.num_gpus)) == plan
+    # one flag (and at most one value) per item, every flag written once
+    names = [a.split(" ", 1)[0] for a in flags(args)]
+    assert all(n.startswith("--") for n in names)
+    assert len(names) == len(set(names)), names
+
+
+def test_model_shape_flags():
+    m = get_model("70b")
+    args = megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512))
+    for f, v in [("--num-layers", "80"), ("--hidden-size", "8192"), ("--ffn-hidden-size", "28672"),
+                 ("--num-attention-heads", "64"), ("--num-query-groups", "8"), ("--seq-length", "8192"),
+                 ("--max-position-embeddings", "8192"), ("--position-embedding-type", "rope"),
+                 ("--normalization", "RMSNorm"), ("--micro-batch-size", "1"), ("--global-batch-size", "512")]:
+        assert flag_value(args, f) == v, f
+    for f in ("--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--bf16",
+              "--sequence-parallel", "--tp-comm-overlap", "--use-distributed-optimizer", "--overlap-grad-reduce",
+              "--overlap-param-gather"):
+        assert flag_value(args, f) == "", f
+    assert "--kv-channels" not in " ".join(args)  # head_dim = hidden / heads
+    assert not any(a.startswith("--vocab-size") for a in args)
+    assert any(a.startswith("#") and "128256" in a for a in args)  # vocab only as a comment
+
+    gpt3 = megatron_args(get_model("gpt3-175b"), ParallelPlan(tp=8, pp=8, dp=8, global_batch=1536))
+    assert flag_value(gpt3, "--position-embedding-type") == "learned_absolute"
+    assert flag_value(gpt3, "--normalization") == "LayerNorm"
+    joined = " ".join(gpt3)
+    assert "--swiglu" not in joined and "--untie-embeddings" not in joined and "--group-query" not in joined
+
+
+def test_moe_and_mla_flags():
+    ds = get_model("deepseek-v3")
+    plan = ParallelPlan(tp=2, pp=8, dp=32, ep=64, global_batch=1024, layers_per_stage=(7, 8, 8, 8, 8, 8, 8, 6))
+    args = megatron_args(ds, plan)
+    for f, v in [("--num-experts", "256"), ("--moe-router-topk", "8"), ("--moe-ffn-hidden-size", "2048"),
+                 ("--moe-shared-expert-intermediate-size", "2048"), ("--moe-layer-freq", "([0]*3+[1]*58)"),
+                 ("--moe-token-dispatcher-type", "alltoall"), ("--q-lora-rank", "1536"), ("--kv-lora-rank", "512"),
+                 ("--qk-head-dim", "128"), ("--qk-pos-emb-head-dim", "64"), ("--v-head-dim", "128"),
+                 ("--kv-channels", "128"), ("--expert-model-parallel-size", "64"),
+                 ("--expert-tensor-parallel-size", "1")]:
+        assert flag_value(args, f) == v, f
+    assert flag_value(args, "--multi-latent-attention") == ""
+    assert flag_value(args, "--moe-grouped-gemm") == ""
+    assert "--group-query-attention" not in " ".join(args)
+    # the uneven split becomes a layout, and the layout parses back into the split
+    layout = flag_value(args, "--pipeline-model-parallel-layout")
+    assert parse_layout(layout, 8) == (1, (7, 8, 8, 8, 8, 8, 8, 6))
+
+    mix = megatron_args(get_model("mixtral-8x7b"), ParallelPlan(tp=4, pp=2, dp=64, ep=8, global_batch=1024))
+    assert flag_value(mix, "--num-experts") == "8"
+    assert "--moe-layer-freq" not in " ".join(mix) and "--moe-shared-expert" not in " ".join(mix)
+    # without --expert-tensor-parallel-size Megatron takes etp = tp
+    no_etp = [a for a in mix if not a.startswith("--expert-tensor-parallel-size")]
+    assert parse_megatron_args(no_etp, num_gpus=512)["etp"] == 4
+
+
+def test_pipeline_and_recompute_flags():
+    m = get_model("70b")
+    vpp = megatron_args(m, ParallelPlan(tp=8, pp=4, vpp=5, dp=16, global_batch=512))
+    assert flag_value(vpp, "--num-virtual-stages-per-pipeline-rank") == "5"
+    assert "--pipeline-model-parallel-layout" not in " ".join(vpp)
+    # the older spelling parses to the same vpp
+    old = [a for a in vpp if "num-virtual-stages" not in a] + ["--num-layers-per-virtual-pipeline-stage 4"]
+    assert parse_megatron_args(old)["vpp"] == 5
+    # Megatron's uneven first/last stage flags parse too
+    fl = flags(megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)))
+    fl += ["--decoder-first-pipeline-num-layers 18", "--decoder-last-pipeline-num-layers 22"]
+    assert parse_megatron_args(fl)["layers_per_stage"] == (18, 20, 20, 22)
+
+    pp2 = megatron_args(m, ParallelPlan(tp=8, pp=2, vpp=4, dp=32, global_batch=512))
+    assert "--no-overlap-p2p-communication" not in " ".join(pp2)
+    assert any(a.startswith("#") and "pp=2" in a for a in pp2)
+
+    full = megatron_args(m, ParallelPlan(tp=8, pp=8, dp=8, global_batch=512, recompute="full", recompute_layers=4))
+    assert (flag_value(full, "--recompute-granularity"), flag_value(full, "--recompute-method"),
+            flag_value(full, "--recompute-num-layers")) == ("full", "block", "4")
+    full_vpp = megatron_args(m, ParallelPlan(tp=8, pp=4, vpp=2, dp=16, global_batch=512, recompute="full",
+                                             recompute_layers=6))
+    assert flag_value(full_vpp, "--recompute-num-layers") == "3"  # per virtual chunk
+    all_layers = megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512, recompute="full"))
+    assert (flag_value(all_layers, "--recompute-method"), flag_value(all_layers, "--recompute-num-layers")) == \
+        ("uniform", "1")
+    sel = megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512))
+    assert flag_value(sel, "--recompute-granularity") == "selective"
+    assert "--recompute-method" not in " ".join(sel) and "--recompute-num-layers" not in " ".join(sel)
+    none = megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512, recompute="none"))
+    assert "--recompute" not in " ".join(none)
+    with pytest.raises(InputError, match="vpp=2"):
+        megatron_args(m, ParallelPlan(tp=8, pp=4, vpp=2, dp=16, global_batch=512, recompute="full",
+                                      recompute_layers=5))
+
+
+@pytest.mark.parametrize("precision,expected", [
+    ("bf16", ["--bf16"]),
+    ("fp16", ["--fp16"]),
+    ("fp8", ["--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"]),
+    ("mxfp8", ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"]),
+    ("nvfp4", ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]),
+])
+def test_precision_flags(precision, expected):
+    args = megatron_args(get_model("8b", precision=precision), ParallelPlan(tp=2, dp=256, global_batch=512))
+    got = [a for a in flags(args) if a.split(" ")[0] in ("--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
+                                                           "--fp4-format", "--fp4-recipe")]
+    assert got == expected
+    if precision == "fp8":
+        delayed = megatron_args(get_model("8b", precision="fp8"), ParallelPlan(tp=2, dp=256, global_batch=512),
+                                fp8_recipe="delayed")
+        assert flag_value(delayed, "--fp8-recipe") == "delayed"
+
+
+def test_explicit_layout(cluster):
+    m = get_model("70b")
+    layout = "Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L"  # pp=4 x vpp=2, 19/20/20/21 layers per rank
+    plan = ParallelPlan(tp=8, pp=4, vpp=2, dp=16, global_batch=512)
+    args = megatron_args(m, plan, layout=layout)
+    assert flag_value(args, "--pipeline-model-parallel-layout") == layout
+    assert "--num-virtual-stages-per-pipeline-rank" not in " ".join(args)  # Megatron: at most one of the two
+    parsed = parse_megatron_args(args, num_gpus=cluster.num_gpus)
+    assert parsed["vpp"] == 2 and parsed["layers_per_stage"] == (19, 20, 20, 21)
+    assert round_trip(m, plan.model_copy(update={"layers_per_stage": (19, 20, 20, 21)}), 512, layout=layout) == \
+        plan.model_copy(update={"layers_per_stage": (19, 20, 20, 21)})
+    # the generated layout of a split parses back to it, for any vpp
+    for lps, v in [((19, 20, 20, 21), 2), ((20, 20, 20, 20), 4), ((0, 40, 40, 0), 1)]:
+        assert parse_layout(layout_from_layers_per_stage(lps, v), 4) == (v, lps)
+    # a layout that does not fit the model or the plan is refused, naming it
+    for bad, msg in [("Et*40|t*39L", "layers=80"), ("Et*20|t*20|t*20L", "pp=4"),
+                     ("t*20|t*20|t*20|t*20", "'E'"), ("Et*20|t*20|t*20|t*20|L", "pp=4"),
+                     ("Et*20|t*20|t*20|t*19mL", "MTP"), ("Ex*20|t*20|t*20|t*20L", "unknown")]:
+        with pytest.raises(InputError, match=msg) as err:
+            megatron_args(m, ParallelPlan(tp=8, pp=4, dp=16, global_batch=512), layout=bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="layers_per_stage"):
+        megatron_args(m, plan.model_copy(update={"layers_per_stage": (20, 20, 20, 20)}), layout=layout)
+
+
+def test_parse_derives_dp_and_rejects_bad_input():
+    m = get_model("70b")
+    args = megatron_args(m, ParallelPlan(tp=8, pp=4, cp=2, dp=8, global_batch=512))
+    assert parse_megatron_args(args, num_gpus=512)["dp"] == 8
+    assert parse_megatron_args(args, num_gpus=1024)["dp"] == 16
+    assert "dp" not in parse_megatron_args(args)
+    with pytest.raises(InputError, match="not divisible"):
+        parse_megatron_args(args, num_gpus=100)
+    with pytest.raises(InputError, match="integer"):
+        parse_megatron_args(["--tensor-model-parallel-size eight"])
+    assert parse_megatron_args("pretrain_gpt.py --tensor-model-parallel-size=4 --sequence-parallel")["tp"] == 4
+
+
+# Scripts ------------------------------------------------------------------------------------------
+def _plan_70b(**kw):
+    return ParallelPlan(**{**dict(tp=8, pp=4, vpp=5, dp=16, global_batch=512), **kw})
+
+
+def test_launch_script_contents(cluster):
+    m = get_model("70b")
+    plan = _plan_70b()
+    args = megatron_args(m, plan)
+    sh = launch_script(m, cluster, plan, args)
+    assert sh.startswith("#!/usr/bin/env bash\n")
+    assert "NNODES=64\n" in sh and "GPUS_PER_NODE=8\n" in sh
+    assert '--nnodes "$NNODES"' in sh and '--nproc_per_node "$GPUS_PER_NODE"' in sh
+    assert '--node_rank "$NODE_RANK"' in sh and '--master_addr "$MASTER_ADDR"' in sh
+    for var, default in (("NODE_RANK", "0"), ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29500")):
+        assert f'{var}="${{{var}:-{default}}}"' in sh
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in sh
+    assert "pretrain_gpt.py" in sh and '"$@"' in sh
+    for a in flags(args):
+        assert a.split(" ", 1)[0] in sh
+
+    # tp = cp = 1: Megatron does not need the single hardware queue
+    p1 = ParallelPlan(tp=1, pp=8, dp=64, global_batch=512)
+    sh1 = launch_script(get_model("7b"), cluster, p1, megatron_args(get_model("7b"), p1))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in sh1
+    # cp alone needs it
+    pcp = ParallelPlan(tp=1, pp=4, cp=2, dp=64, global_batch=512)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in launch_script(m, cluster, pcp, megatron_args(m, pcp))
+    # Megatron-FSDP asserts the opposite
+    pz = ParallelPlan(tp=2, pp=1, dp=256, global_batch=512, zero_stage=3)
+    shz = launch_script(get_model("8b"), cluster, pz, megatron_args(get_model("8b"), pz))
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS" not in shz and "unset CUDA_DEVICE_MAX_CONNECTIONS" in shz
+    # a plan that does not use the cluster exactly is refused
+    with pytest.raises(InputError, match="512"):
+        launch_script(m, cluster, _plan_70b(dp=8), args)
+
+
+def test_sbatch_script_contents(cluster):
+    m = get_model("70b")
+    plan = _plan_70b()
+    sb = sbatch_script(m, cluster, plan, megatron_args(m, plan), partition="batch", time_limit="04:00:00")
+    lines = sb.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    directives = [ln for ln in lines if ln.startswith("#SBATCH")]
+    assert lines[1:1 + len(directives)] == directives  # all directives before any command
+    for d in ("#SBATCH --nodes=64", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+              "#SBATCH --partition=batch", "#SBATCH --time=04:00:00"):
+        assert d in directives
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in sb
+    assert "srun" in sb and "--rdzv_backend c10d" in sb and '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT"' in sb
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in sb
+
+
+@needs_bash
+@pytest.mark.parametrize("case", ["mla-deepseek-v3", "vpp-70b", "tp1-fp16", "zero3-fsdp"])
+def test_scripts_pass_bash_syntax_check(case, cluster, tmp_path):
+    name, precision, fields = CASES[case]
+    model = get_model(name, precision=precision)
+    plan = ParallelPlan(**fields)
+    args = megatron_args(model, plan)
+    for fname, text in (("launch.sh", launch_script(model, cluster, plan, args)),
+                        ("launch.sbatch", sbatch_script(model, cluster, plan, args))):
+        path = tmp_path / fname
+        path.write_text(text)
+        res = subprocess.run([BASH, "-n", str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, f"{fname}: {res.stderr}"
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    """torchrun that records its argv, srun that runs its command, scontrol that lists two hosts."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "torchrun": '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGV_OUT"\n'
+                    'echo "CDMC=${CUDA_DEVICE_MAX_CONNECTIONS:-unset}" >> "$ARGV_OUT"\n',
+        "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
+        "scontrol": '#!/usr/bin/env bash\nprintf "node-a\\nnode-b\\n"\n',
+    }
+    for n, body in scripts.items():
+        p = bin_dir / n
+        p.write_text(body)
+        p.chmod(0o755)
+    return bin_dir
+
+
+@needs_bash
+def test_launchers_hand_exactly_the_flags_to_torchrun(cluster, tmp_path):
+    model = get_model("deepseek-v3", precision="fp8")
+    plan = ParallelPlan(**CASES["mla-deepseek-v3"][2])
+    args = megatron_args(model, plan)
+    expected = [tok for a in flags(args) for tok in a.split(" ", 1)]
+    bin_dir = _fake_bin(tmp_path)
+    out = tmp_path / "argv.txt"
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "ARGV_OUT": str(out), "HOME": str(tmp_path),
+           "MEGATRON_LM_DIR": "/opt/megatron", "NODE_RANK": "3", "MASTER_ADDR": "10.0.0.1"}
+
+    sh = tmp_path / "launch.sh"
+    sh.write_text(launch_script(model, cluster, plan, args))
+    res = subprocess.run([BASH, str(sh), "--mock-data", "--train-iters", "10"], env=env, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    got = out.read_text().splitlines()
+    assert got[:10] == ["--nnodes", "64", "--nproc_per_node", "8", "--node_rank", "3", "--master_addr",
+                        "10.0.0.1", "--master_port", "29500"]
+    entry = got.index("/opt/megatron/pretrain_gpt.py")
+    assert got[entry + 1:-1] == expected + ["--mock-data", "--train-iters", "10"]
+    assert got[-1] == "CDMC=1"
+    assert ParallelPlan(**parse_megatron_args(got[entry + 1:-1], num_gpus=512)) == plan
+
+    sb = tmp_path / "launch.sbatch"
+    sb.write_text(sbatch_script(model, cluster, plan, args))
+    slurm = {**env, "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "64"}
+    res = subprocess.run([BASH, str(sb)], env=slurm, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = out.read_text().splitlines()
+    assert got[:10] == ["--nnodes", "64", "--nproc_per_node", "8", "--rdzv_id", "77", "--rdzv_backend", "c10d",
+                        "--rdzv_endpoint", "node-a:29500"]
+    entry = got.index("/opt/megatron/pretrain_gpt.py")
+    assert got[entry + 1:-1] == expected
+    # a job with the wrong node count stops before launching
+    res = subprocess.run([BASH, str(sb)], env={**slurm, "SLURM_JOB_NUM_NODES": "32"}, capture_output=True, text=True)
+    assert res.returncode != 0 and "64" in res.stderr
+
+
+# write_outputs ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def chosen(cluster):
+    model = get_model("70b")
+    plan = _plan_70b()
+    return model, plan, estimate(model, cluster, plan)
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
+
+
+def test_write_outputs_creates_exactly_the_four_files(cluster, chosen, tmp_path):
+    model, plan, est = chosen
+    out = tmp_path / "run1"
+    paths = write_outputs(out, model, cluster, plan, est, extra={"note": "chosen by test"})
+    assert [p.name for p in paths] == list(OUTPUT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
+    assert _leftovers(tmp_path) == []
+
+    data = json.loads((out / "plan.json").read_text())
+    assert set(data) == {"model", "cluster", "plan", "estimate", "note"}
+    assert ParallelPlan(**data["plan"]) == plan
+    assert data["model"]["name"] == "70b" and data["cluster"]["name"] == "h100x512"
+    assert data["estimate"]["step_time_s"] == pytest.approx(est.step_time_s)
+
+    lines = (out / "megatron_args.txt").read_text().splitlines()
+    assert lines == megatron_args(model, plan)
+    assert ParallelPlan(**parse_megatron_args((out / "megatron_args.txt").read_text(), num_gpus=512)) == plan
+
+    assert os.stat(out / "launch.sh").st_mode & stat.S_IXUSR
+    assert (out / "launch.sh").read_text() == launch_script(model, cluster, plan, megatron_args(model, plan))
+    assert "#SBATCH --nodes=64" in (out / "launch.sbatch").read_text()
+
+    # into an existing directory: files replaced one by one, other files kept, no temp dirs left
+    (out / "keep.txt").write_text("x")
+    plan2 = plan.model_copy(update={"recompute": "none"})
+    write_outputs(out, model, cluster, plan2, estimate(model, cluster, plan2))
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUT_FILES, "keep.txt"])
+    assert json.loads((out / "plan.json").read_text())["plan"]["recompute"] == "none"
+    assert _leftovers(tmp_path) == [] and _leftovers(out) == []
+
+
+def test_write_outputs_with_layout(cluster, tmp_path):
+    model = get_model("70b")
+    plan = ParallelPlan(tp=8, pp=4, vpp=2, dp=16, global_batch=512, layers_per_stage=(19, 20, 20, 21))
+    layout = "Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L"
+    write_outputs(tmp_path / "o", model, cluster, plan, None, layout=layout)
+    data = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert data["layout"] == layout and data["estimate"] is None
+    assert f"--pipeline-model-parallel-layout {layout}" in (tmp_path / "o" / "megatron_args.txt").read_text()
+
+
+def test_write_outputs_missing_parent_raises_and_leaves_nothing(cluster, chosen, tmp_path):
+    model, plan, est = chosen
+    target = tmp_path / "missing" / "run"
+    with pytest.raises(InputError) as err:
+        write_outputs(target, model, cluster, plan, est)
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "missing") in msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_outputs_refuses_a_file_in_the_way(cluster, chosen, tmp_path):
+    model, plan, est = chosen
+    (tmp_path / "run").write_text("not a directory")
+    with pytest.raises(InputError, match="not a directory"):
+        write_outputs(tmp_path / "run", model, cluster, plan, est)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_write_outputs_unwritable_parent(cluster, chosen, tmp_path):
+    model, plan, est = chosen
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        with pytest.raises(InputError, match="not writable"):
+            write_outputs(parent / "run", model, cluster, plan, est)
+        assert list(parent.iterdir()) == []
+    finally:
+        parent.chmod(0o755)
+
+
+def test_write_outputs_failure_midway_leaves_nothing(cluster, chosen, tmp_path, monkeypatch):
+    model, plan, est = chosen
+    real_chmod = os.chmod
+
+    def failing_chmod(path, mode, *a, **kw):
+        if str(path).endswith("launch.sbatch"):
+            raise OSError(28, "No space left on device")
+        return real_chmod(path, mode, *a, **kw)
+
+    monkeypatch.setattr(outputs.os, "chmod", failing_chmod)
+    with pytest.raises(InputError, match="No space left") as err:
+        write_outputs(tmp_path / "run", model, cluster, plan, est)
+    assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+    # an existing directory is not touched either when writing fails before the files move in
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "plan.json").write_text("old")
+    with pytest.raises(InputError):
+        write_outputs(existing, model, cluster, plan, est)
+    assert (existing / "plan.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
+    assert sorted(p.name for p in existing.iterdir()) == ["plan.json"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,24 +374,45 @@ def fit_profiles(cases: list[Case], *, fitted_by: str, exclude_source: str | Non
     return fitted, reports
 
 
-def cross_validate(path: str | Path, progress=None) -> dict:
-    """Leave-one-source-out: refit every profile without a source, predict that source."""
+def _fold(path: str, src: str) -> tuple[dict, list]:
+    cases, _ = load_cases(path)
+    profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {src}", exclude_source=src)
+    rows = []
+    for c in (c for c in cases if c.source_id == src):
+        pred = predict_case(c, profiles[c.cluster.gpu])
+        rows.append({"row": c.row, "source_id": src, "gpu_type": c.gpu_type,
+                     "predicted_step_time_s": pred["predicted_step_time_s"],
+                     "published_step_time_s": c.published_step_time_s, "error": None,
+                     "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
+    return {"left_out": src, **summarize(rows)["overall"]}, rows
+
+
+def cross_validate(path: str | Path, progress=None, workers: int | None = None) -> dict:
+    """Leave-one-source-out: refit every profile without a source, predict that source.
+
+    Folds run in parallel processes (one per core by default)."""
+    from concurrent.futures import ProcessPoolExecutor
+
     cases, errors = load_cases(path)
     sources = sorted({c.source_id for c in cases})
-    folds, all_rows = [], []
-    for src in sources:
-        profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {src}", exclude_source=src)
-        rows = []
-        for c in (c for c in cases if c.source_id == src):
-            pred = predict_case(c, profiles[c.cluster.gpu])
-            rows.append({"row": c.row, "source_id": src, "gpu_type": c.gpu_type,
-                         "predicted_step_time_s": pred["predicted_step_time_s"],
-                         "published_step_time_s": c.published_step_time_s, "error": None,
-                         "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
-        folds.append({"left_out": src, **summarize(rows)["overall"]})
-        all_rows += rows
-        if progress:
-            progress(src)
+    workers = workers or min(len(sources), os.cpu_count() or 1)
+    results: dict[str, tuple[dict, list]] = {}
+    if workers <= 1:
+        for src in sources:
+            results[src] = _fold(str(path), src)
+            if progress:
+                progress(src)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_fold, str(path), src): src for src in sources}
+            from concurrent.futures import as_completed
+
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                if progress:
+                    progress(futures[fut])
+    folds = [results[s][0] for s in sources]
+    all_rows = [r for s in sources for r in results[s][1]]
     for e in errors:
         all_rows.append({**e, "ape": None})
     return {"folds": folds, "summary": summarize(all_rows)}

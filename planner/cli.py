@@ -100,7 +100,7 @@ def cmd_check(argv: list[str]) -> int:
     ap.add_argument("--no-distributed-optimizer", action="store_true")
     args = ap.parse_args(argv)
     from costmodel.estimate import estimate
-    from costmodel.rules import check_plan, schedule_notes
+    from costmodel.rules import check_plan
     from costmodel.specs import ParallelPlan
     from planner.report import console, estimate_table
     from planner.space import default_global_batch
@@ -117,18 +117,24 @@ def cmd_check(argv: list[str]) -> int:
     est = estimate(model, cluster, plan)
     from costmodel.comm import group_links
 
+    from planner.check import diagnose, format_findings
+
     links = group_links(cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
+    findings = diagnose(model, cluster, plan)
     if args.json:
         print(json.dumps({"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
-                          "notes": schedule_notes(plan)}, indent=1))
+                          "findings": [f.model_dump() for f in findings]}, indent=1))
         return 0
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}"))
     for name, info in links.items():
         con.print(f"{name} group {info['ranks']}: crosses {', '.join(info['links'])} (up to {info['max_hops']} hops)")
-    for note in schedule_notes(plan):
-        con.print(f"note: {note}")
+    for f, line in zip(findings, format_findings(findings)):
+        colour = "yellow" if f.severity == "warn" else "cyan"
+        con.print(f"[{colour}]{f.severity}[/{colour}]: {line}")
+    if not findings:
+        con.print("no findings: every checked figure is in its healthy range")
     return 0
 
 

@@ -587,7 +587,12 @@ if [[ "${{SLURM_JOB_NUM_NODES:-$NNODES}}" != "$NNODES" ]]; then
     echo "launch.sbatch: the plan needs $NNODES nodes but the job has $SLURM_JOB_NUM_NODES" >&2
     exit 1
 fi
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# First host of the allocation (sed reads all of scontrol's output: no SIGPIPE under pipefail).
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
+if [[ -z "$MASTER_ADDR" ]]; then
+    echo "launch.sbatch: no host in SLURM_JOB_NODELIST=${{SLURM_JOB_NODELIST:-}}" >&2
+    exit 1
+fi
 MASTER_PORT="${{MASTER_PORT:-29500}}"
 MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:-${{SLURM_SUBMIT_DIR:-.}}}}"
 

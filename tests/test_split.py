@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 
-import numpy as np
 import pytest
 
 from costmodel.catalog import get_model
@@ -233,9 +232,11 @@ def test_moe_layer_costs_and_split():
     best = best_split(DSV3, CLUSTER, PLAN_DSV3)
     split = best.layers_per_stage
     assert sum(split) == DSV3.layers and all(n > 0 for n in split[1:-1])
+    # The three cheap dense layers sit on the first stage, so it takes more layers than the last.
+    assert split[0] > split[-1]
     est = estimate(DSV3, CLUSTER, best)
-    cheap_first = sum(costs[: split[0]]) + fe
-    assert split[0] >= max(split[1:-1]) or cheap_first <= max(est.stage_time_s)
+    default = estimate(DSV3, CLUSTER, PLAN_DSV3)      # Megatron's split, remainder in the middle
+    assert max(est.stage_time_s) <= max(default.stage_time_s) + 1e-12
 
 
 @pytest.mark.parametrize("model, plan", [(LLAMA_405B, PLAN_405B), (DSV3, PLAN_DSV3)],
@@ -363,4 +364,3 @@ def test_uneven_flags_of_best_405b_split():
     assert rest % middles == 0
     rebuilt = ((first,) if first else ()) + (rest // middles,) * middles + ((last,) if last else ())
     assert rebuilt == split
-    assert np.isclose(sum(rebuilt), 126)

@@ -64,7 +64,7 @@ __all__ = [
 DEGREES = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp")
 """The parallel degrees, named as in Megatron."""
 
-MASK_KEYS = (*DEGREES, "micro_batch", "global_batch", "sequence_parallel")
+MASK_KEYS = (*DEGREES, "micro_batch", "global_batch", "sequence_parallel", "uneven")
 """Columns :func:`valid_mask` reads (missing ones take the ParallelPlan defaults)."""
 
 RANK_ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -727,13 +727,17 @@ def valid_mask(
         **safe,
         sequence_parallel=col("sequence_parallel", True, bool),
     )
+    # Rows with an explicit uneven stage split (checked by violations() on that split) skip the
+    # even-split layer rules.
+    uneven = col("uneven", False, bool)
     mask = positive.copy()
     for rule in _RULES:
         if not rule.applies(model):
             continue
         if rule.needs_num_gpus and num_gpus is None:
             continue
-        mask &= np.broadcast_to(
-            np.asarray(rule.ok(model, cols, num_gpus, kv_head_replication), dtype=bool), shape
-        )
+        ok = np.broadcast_to(np.asarray(rule.ok(model, cols, num_gpus, kv_head_replication), dtype=bool), shape)
+        if rule.ok in (_ok_layers_pp, _ok_layers_vpp):
+            ok = ok | uneven
+        mask &= ok
     return mask

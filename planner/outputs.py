@@ -6,7 +6,7 @@
     write_outputs(out_dir, ...)           plan.json, megatron_args.txt, launch.sh, launch.sbatch, atomically
 
 Every flag below was checked against the argparse definitions in NVIDIA/Megatron-LM
-``megatron/training/arguments.py`` (commit 000c4ac24f61, the megatron-core 0.15/0.16 line; the
+``megatron/training/arguments.py`` (commit 000c4ac24f61, late-2025 main; the
 choices were cross-checked against the ``megatron-core==0.16.1`` wheel's ``TransformerConfig``,
 ``enums.Fp8Recipe`` / ``Fp4Recipe`` and ``PipelineParallelLayerLayout``). The comment above each
 group names the argparse group function and a recognisable line. Anything the plan implies that has

@@ -13,7 +13,7 @@ import numpy as np
 
 from costmodel.estimate import RECOMPUTE_CODE, PlanArrays
 from costmodel.rules import divisors, valid_mask
-from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODE.items()}
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -29,9 +29,13 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def default_global_batch(model: ModelSpec, num_gpus: int) -> int:
-    """About 4M tokens per step (Llama 3 pre-training used 4M-16M), rounded to a power of two."""
-    target = max(1, (4 * 2**20) // model.seq_len)
-    return int(2 ** round(np.log2(target)))
+    """About 4M tokens per step (Llama 3 pre-training used 4M-16M): a power of two times the odd part of
+    the GPU count, so that data-parallel sizes of such clusters (576 = 9 x 64 GPUs) divide it."""
+    odd = num_gpus
+    while odd % 2 == 0:
+        odd //= 2
+    target = max(1.0, (4 * 2**20) / model.seq_len / odd)
+    return int(odd * 2 ** max(0, round(np.log2(target))))
 
 
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
@@ -42,35 +46,67 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     tps = [t for t in _pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
     cps = [c for c in _pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
     pps = [p for p in divisors(model.layers) if p <= 64 and n % p == 0]
+    # Pipeline depths that do not divide the layers run with an uneven split (lighter edge stages,
+    # Megatron's --decoder-first/last-pipeline-num-layers or pipeline_model_parallel_layout).
+    uneven_pps = [p for p in _pow2_upto(min(64, model.layers // 2)) if n % p == 0 and model.layers % p]
     eps = [e for e in _pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
     rows = []
-    for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
+    for tp, cp, pp, ep in itertools.product(tps, cps, pps + uneven_pps, eps):
         if n % (tp * cp * pp):
             continue
         dp = n // (tp * cp * pp)
         if ep > dp * cp * tp:
             continue
+        uneven = model.layers % pp != 0
         per_stage = model.layers // pp
-        vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
+        vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 and not uneven else [1]
         for vpp, mbs, rc in itertools.product(vpps, micro_batches, recompute):
-            rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc]))
+            rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc], uneven))
+    names = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute", "uneven")
     if not rows:
-        return {k: np.zeros(0) for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute")}
+        return {k: np.zeros(0) for k in names}
     arr = np.array(rows, dtype=float)
-    cols = dict(zip(("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute"), arr.T))
+    cols = dict(zip(names, arr.T))
+    cols["uneven"] = cols["uneven"].astype(bool)
     cols["global_batch"] = np.full(len(arr), float(global_batch))
     cols["sp"] = cols["tp"] > 1
     return cols
 
 
+def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: int) -> tuple[int, ...]:
+    """The exact min-max stage split for a pipeline depth that does not divide the layers, solved once
+    per depth on a representative plan (the split depends on the edge-stage costs relative to a layer,
+    which the other degrees barely change)."""
+    from planner.split import best_split
+
+    tp = min(8, cluster.domain_gpus, cluster.num_gpus // pp)
+    dp = max(1, cluster.num_gpus // (tp * pp))
+    rep = ParallelPlan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, recompute="selective",
+                       ep=min(model.num_experts, 8) if model.is_moe and model.num_experts % 8 == 0 else 1)
+    return best_split(model, cluster, rep, memory=False).layers_per_stage
+
+
 def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw) -> PlanArrays:
-    """Candidate plans that satisfy every Megatron rule, as PlanArrays."""
+    """Candidate plans that satisfy every Megatron rule, as PlanArrays (uneven pipeline splits carry
+    their layers per stage in ``stage_layers``; even rows there are NaN)."""
     cols = candidate_columns(model, cluster, global_batch, **kw)
     if len(cols["tp"]) == 0:
         return PlanArrays.from_columns(0, global_batch=global_batch)
     mask_cols = {k: cols[k].astype(np.int64) for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch",
                                                       "global_batch")}
     mask_cols["sequence_parallel"] = cols["sp"]
+    mask_cols["uneven"] = cols["uneven"]
     ok = valid_mask(model, mask_cols, cluster.num_gpus)
     sel = {k: v[ok] for k, v in cols.items()}
-    return PlanArrays.from_columns(int(ok.sum()), **sel)
+    uneven = sel.pop("uneven")
+    plans = PlanArrays.from_columns(int(ok.sum()), **sel)
+    if uneven.any():
+        max_pp = int(plans.pp.max())
+        sl = np.full((len(plans), max_pp), np.nan)
+        for pp in np.unique(plans.pp[uneven]).astype(int):
+            split = uneven_split(model, cluster, pp, global_batch)
+            rows = uneven & (plans.pp == pp)
+            sl[rows] = 0.0
+            sl[np.ix_(rows, np.arange(pp))] = split
+        plans.stage_layers = sl
+    return plans

@@ -95,3 +95,93 @@ def validation_tables(summary: dict) -> list[Table]:
 
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
+
+
+def one_f_one_b_timeline(fwd_s: list[float], bwd_s: list[float], m: int) -> list[list[tuple[str, int, float, float]]]:
+    """Simulate the 1F1B schedule (Narayanan et al. 2021, Fig. 4): per stage the ordered list of
+    (kind, micro-batch, start_s, end_s). Stage s runs min(p-s-1, m) warm-up forwards, then alternates
+    one forward and one backward, then drains the backwards; a forward waits for the previous stage's
+    forward of the same micro-batch, a backward for the next stage's backward."""
+    p = len(fwd_s)
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        seq = [("F", i) for i in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            if f < m:
+                seq.append(("F", f))
+                f += 1
+            seq.append(("B", b))
+            b += 1
+        orders.append(seq)
+    done: dict[tuple[str, int, int], float] = {}
+    pos = [0] * p
+    free = [0.0] * p
+    out: list[list[tuple[str, int, float, float]]] = [[] for _ in range(p)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, i = orders[s][pos[s]]
+                dep = ("F", i, s - 1) if kind == "F" else ("B", i, s + 1)
+                if kind == "F" and s == 0:
+                    ready = 0.0
+                elif kind == "B" and s == p - 1:
+                    ready = done.get(("F", i, s))
+                else:
+                    ready = done.get(dep)
+                if ready is None:
+                    break
+                start = max(free[s], ready)
+                end = start + (fwd_s[s] if kind == "F" else bwd_s[s])
+                done[(kind, i, s)] = end
+                free[s] = end
+                out[s].append((kind, i, start, end))
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("1F1B simulation deadlocked")
+    return out
+
+
+def save_report_png(path, e: StepEstimate, title: str, microbatches: int) -> None:
+    """report.png: time breakdown, memory per stage against capacity, and one step's 1F1B timeline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(13, 7.5), constrained_layout=True)
+    gs = fig.add_gridspec(2, 2, height_ratios=[1, 1.3])
+    ax1, ax2, ax3 = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, :])
+    items = [(k.replace("_", " "), v) for k, v in e.breakdown_s.items() if v > 0]
+    ax1.barh([k for k, _ in items], [v for _, v in items], color="tab:blue")
+    ax1.set_xlabel("seconds per step")
+    ax1.set_title(f"step {e.step_time_s:.2f} s, MFU {e.mfu * 100:.0f}%")
+    ax1.invert_yaxis()
+    stages = range(len(e.peak_memory_bytes))
+    ax2.bar(stages, [x / GB for x in e.peak_memory_bytes], color="tab:green")
+    ax2.axhline(e.memory_capacity_bytes / GB, color="tab:red", ls="--", label="usable capacity")
+    ax2.set_xticks(list(stages))
+    ax2.set_xlabel("pipeline stage")
+    ax2.set_ylabel("peak memory (GB)")
+    ax2.legend(loc="lower right")
+    ax2.set_title("memory per stage")
+    # Timeline with a forward:backward time ratio of 1:2 per stage.
+    m = max(1, min(microbatches, 64))
+    fwd = [t / 3 for t in e.stage_time_s]
+    bwd = [2 * t / 3 for t in e.stage_time_s]
+    for s, ops in enumerate(one_f_one_b_timeline(fwd, bwd, m)):
+        for kind, i, a, b in ops:
+            ax3.barh(s, b - a, left=a, color="tab:blue" if kind == "F" else "tab:orange", edgecolor="white", lw=0.3)
+    ax3.set_yticks(range(len(e.stage_time_s)))
+    ax3.invert_yaxis()
+    ax3.set_xlabel("seconds" + (f" (first {m} of {microbatches} micro-batches)" if microbatches > m else ""))
+    ax3.set_ylabel("stage")
+    ax3.set_title("1F1B timeline of one step (blue forward, orange backward)")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -320,7 +320,7 @@ def _make_sampler(sampler, seed: int, n_trials: int, n_objectives: int, x0: dict
         return sampler
     if sampler == "tpe":
         # Tuned on 70b/h100x512 (tests/test_search.py): multivariate TPE over the joint space, few random
-        # start-up trials (the expert seeds already cover the good region), more EI candidates.
+        # start-up trials (the expert seeds already cover the good region).
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=TPE_STARTUP,
                                           n_ei_candidates=TPE_EI_CANDIDATES, **kw)
     if sampler == "nsga2":
@@ -333,6 +333,53 @@ def _make_sampler(sampler, seed: int, n_trials: int, n_objectives: int, x0: dict
 
 TPE_STARTUP = 10
 TPE_EI_CANDIDATES = 24
+REDRAWS = 16
+
+
+def _distinct_sampler(inner, accept: Callable[[dict], bool], tries: int = REDRAWS):
+    """Wrap a sampler so that a joint (relative) proposal that repeats a finished trial's configuration or
+    breaks a rule -- both known without the cost model -- is drawn again, up to ``tries`` times, before the
+    trial starts. Optuna's TPE proposes the arg-max of l(x)/g(x) among a few candidates and, over a small
+    categorical space, often lands on a configuration it has already seen; each such trial would be spent
+    without information. When every re-draw fails the last proposal is used, and the objective answers it
+    from the cache (a repeat) or as infeasible (a rule)."""
+    import optuna
+
+    class DistinctSampler(optuna.samplers.BaseSampler):
+        def __init__(self):
+            self.inner = inner
+
+        def __str__(self) -> str:
+            return f"Distinct({self.inner})"
+
+        def infer_relative_search_space(self, study, trial):
+            return self.inner.infer_relative_search_space(study, trial)
+
+        def sample_relative(self, study, trial, search_space):
+            params = self.inner.sample_relative(study, trial, search_space)
+            if not params or trial.system_attrs.get("fixed_params"):
+                return params
+            seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)
+                    if t.state.is_finished() or t.state == optuna.trial.TrialState.RUNNING and t.number != trial.number}
+            for _ in range(tries):
+                if tuple(sorted(params.items())) not in seen and accept(params):
+                    break
+                params = self.inner.sample_relative(study, trial, search_space)
+            return params
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+        def before_trial(self, study, trial):
+            self.inner.before_trial(study, trial)
+
+        def after_trial(self, study, trial, state, values):
+            self.inner.after_trial(study, trial, state, values)
+
+        def reseed_rng(self):
+            self.inner.reseed_rng()
+
+    return DistinctSampler()
 
 
 def _constraints_func(trial) -> tuple[float, float]:
@@ -377,6 +424,21 @@ class _Objective:
             cfg["nodes"] = (trial.suggest_categorical("nodes", list(self.space.nodes))
                             if len(self.space.nodes) > 1 else self.space.nodes[0])
         return cfg
+
+    def acceptable(self, params: dict) -> bool:
+        """Whether (possibly partial) parameters name a valid plan; knobs with one value may be missing."""
+        cfg = {}
+        for k in (*OPTUNA_KNOBS, "nodes"):
+            ch = list(self.space.nodes) if k == "nodes" else self.space.choices[k]
+            name = f"{k}_index" if self.encoding == "index" else k
+            if name in params:
+                cfg[k] = ch[params[name]] if self.encoding == "index" else params[name]
+            elif len(ch) == 1:
+                cfg[k] = ch[0]
+            else:
+                return True
+        key = self.key_of(cfg)
+        return key[1:] in self.space.index.get(key[0], {})
 
     @staticmethod
     def key_of(cfg: dict) -> tuple[int, ...]:
@@ -483,6 +545,8 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
     if x0 is not None:
         x0 = {k: v for k, v in x0.items()}
     smp = _make_sampler(sampler, seed, n_trials, len(objectives), x0)
+    if sampler == "tpe" and REDRAWS > 0:
+        smp = _distinct_sampler(smp, obj.acceptable)
     if storage is not None and study_name is None:
         study_name = _default_study_name(space, objectives, encoding)
     study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,

@@ -293,3 +293,13 @@ def test_healthy_plan_has_no_warnings(llama70b, h100x512, search70b):
     assert all(f.severity == "info" for f in findings), format_findings(findings)
     assert not [f for f in findings if f.kind in ("memory_high", "memory_low", "bubble", "communication",
                                                   "stage_imbalance")]
+
+
+def test_one_f_one_b_timeline_matches_closed_form():
+    """Narayanan et al. 2021 Sec. 2.2.1: with equal stages 1F1B takes (m + p - 1) x (t_f + t_b)."""
+    from planner.report import one_f_one_b_timeline
+
+    for p, m in ((1, 4), (4, 8), (8, 3)):
+        tl = one_f_one_b_timeline([1.0] * p, [2.0] * p, m)
+        assert max(op[3] for ops in tl for op in ops) == (m + p - 1) * 3.0
+        assert all(len(ops) == 2 * m for ops in tl)

@@ -61,6 +61,8 @@ def cmd_search(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="plan", description="Search parallel layouts for a model on a cluster.")
     _common(ap)
     ap.add_argument("--top", type=int, default=10, help="plans to show")
+    ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
+                                                  "report.png for the best plan into DIR")
     args = ap.parse_args(argv)
     from planner.report import console, plan_row, ranked_table
     from planner.search import exhaustive
@@ -74,6 +76,8 @@ def cmd_search(argv: list[str]) -> int:
                          f"global batch {gbs} passes Megatron's rules; try a global batch that is a multiple of "
                          f"the data-parallel size, or a GPU count that divides by the pipeline depth")
     rows = [plan_row(res, r) for r in range(min(args.top, len(res.order)))]
+    if args.out and res.any_fits:
+        _write_plan_dir(args.out, model, cluster, best_plan(res))
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs,
                           "evaluated": res.evaluated, "plans": rows}, indent=1))
@@ -86,6 +90,39 @@ def cmd_search(argv: list[str]) -> int:
                   "micro-batch or full recompute would be needed.")
         return 1
     return 0
+
+
+def best_plan(res) -> "ParallelPlan":
+    """The best plan of a search result, with its uneven stage split when it has one."""
+    import numpy as np
+
+    plan = res.plan(0)
+    sl = res.plans.stage_layers
+    i = int(res.order[0])
+    if sl is not None and not np.isnan(sl[i, 0]):
+        plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})
+    return plan
+
+
+def _write_plan_dir(out: str, model, cluster, plan) -> None:
+    """Outputs of one plan; the figure is drawn first so that a failure leaves nothing behind."""
+    from costmodel.estimate import estimate
+    from planner.outputs import write_outputs
+    from planner.report import save_report_png
+
+    est = estimate(model, cluster, plan)
+    fd, tmp_png = tempfile.mkstemp(suffix=".png")
+    os.close(fd)
+    try:
+        save_report_png(tmp_png, est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
+                                      f"dp{plan.dp} cp{plan.cp} ep{plan.ep}", plan.num_microbatches)
+        write_outputs(out, model, cluster, plan, est)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_png, 0o666 & ~umask)
+        os.replace(tmp_png, Path(out) / "report.png")
+    finally:
+        Path(tmp_png).unlink(missing_ok=True)
 
 
 def cmd_check(argv: list[str]) -> int:

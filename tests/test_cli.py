@@ -214,3 +214,24 @@ def test_search_json_uses_the_cluster_and_fits(capsys):
     assert best["step_time_s"] > 0 and 0 < best["mfu"] < 1
     times = [r["step_time_s"] for r in data["plans"] if r["fits"]]
     assert times == sorted(times)
+
+
+def test_search_out_dir_writes_launchable_plan(tmp_path):
+    """`plan --out DIR` writes the best plan's files; its Megatron flags parse back into that plan."""
+    import json
+
+    from planner.outputs import parse_megatron_args
+
+    out = tmp_path / "plan"
+    assert main(["--model", "405b", "--cluster", "h100x16384.yaml", "--top", "1", "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["launch.sbatch", "launch.sh", "megatron_args.txt", "plan.json", "report.png"]
+    saved = json.loads((out / "plan.json").read_text())
+    plan = saved["plan"]
+    assert plan["tp"] * plan["pp"] * plan["dp"] * plan["cp"] == 16384
+    parsed = parse_megatron_args((out / "megatron_args.txt").read_text(), num_gpus=16384)
+    for k in ("tp", "pp", "cp", "dp", "micro_batch", "global_batch"):
+        assert parsed[k] == plan[k], k
+    if plan["layers_per_stage"]:
+        assert sum(plan["layers_per_stage"]) == 126
+        assert tuple(parsed["layers_per_stage"]) == tuple(plan["layers_per_stage"])

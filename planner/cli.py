@@ -19,6 +19,8 @@ from pydantic import ValidationError
 from costmodel.profiles import InputError
 
 SUBCOMMANDS = ("check", "validate")
+# Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
+EXHAUSTIVE_LIMIT = 50_000
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
@@ -61,16 +63,41 @@ def cmd_search(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="plan", description="Search parallel layouts for a model on a cluster.")
     _common(ap)
     ap.add_argument("--top", type=int, default=10, help="plans to show")
+    ap.add_argument("--exhaustive", action="store_true", help="score every valid layout instead of searching")
+    ap.add_argument("--sampler", choices=("tpe", "cmaes", "nsga2"), default=None,
+                    help="Optuna sampler (default tpe; nsga2 for several objectives)")
+    ap.add_argument("--objectives", default="time", help="comma list of time, memory, gpus (Pareto front)")
+    ap.add_argument("--trials", type=int, default=None, help="Optuna trials (default 10%% of the layouts, >= 50)")
+    ap.add_argument("--storage", default=None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)")
+    ap.add_argument("--study-name", default=None, help="study to create or resume in --storage")
+    ap.add_argument("--workers", type=int, default=1, help="processes sharing --storage")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
     args = ap.parse_args(argv)
     from planner.report import console, plan_row, ranked_table
-    from planner.search import exhaustive
+    from planner.search import exhaustive, optuna_search
     from planner.space import default_global_batch
 
     model, cluster = _model_cluster(args)
     gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
-    res = exhaustive(model, cluster, gbs)
+    objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
+    if args.storage and not args.study_name and args.workers > 1:
+        raise InputError("--workers needs --study-name so that every process joins the same study")
+    # The vectorised cost model scores a few thousand layouts in well under a second, faster and exactly;
+    # Optuna is used when asked for (sampler, several objectives, storage) or when the space is large.
+    wants_optuna = bool(args.sampler or args.storage or args.trials or objectives != ("time",))
+    if args.exhaustive or not wants_optuna:
+        from planner.space import valid_plans
+
+        n_valid = len(valid_plans(model, cluster, gbs))
+        if args.exhaustive or n_valid <= EXHAUSTIVE_LIMIT:
+            args.exhaustive = True
+    if args.exhaustive:
+        res = exhaustive(model, cluster, gbs)
+    else:
+        res = _run_optuna(optuna_search, model, cluster, gbs, args, objectives)
     if res.evaluated == 0:
         raise InputError(f"no layout of {model.name} ({model.layers} layers) on {cluster.num_gpus} GPUs with "
                          f"global batch {gbs} passes Megatron's rules; try a global batch that is a multiple of "
@@ -78,18 +105,42 @@ def cmd_search(argv: list[str]) -> int:
     rows = [plan_row(res, r) for r in range(min(args.top, len(res.order)))]
     if args.out and res.any_fits:
         _write_plan_dir(args.out, model, cluster, best_plan(res))
+    how = "exhaustive" if args.exhaustive else f"optuna {getattr(res, 'sampler', '')}".strip()
     if args.json:
-        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs,
-                          "evaluated": res.evaluated, "plans": rows}, indent=1))
+        out = {"model": model.name, "cluster": cluster.name, "global_batch": gbs, "search": how,
+               "evaluated": res.evaluated, "plans": rows}
+        if getattr(res, "study_name", None):
+            out["study_name"] = res.study_name
+        print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
     con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
-                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} valid layouts scored"))
+                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how})"))
     if not res.any_fits:
         con.print("[red]No layout fits in memory.[/red] The closest is shown first; more GPUs, a smaller "
                   "micro-batch or full recompute would be needed.")
         return 1
     return 0
+
+
+def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
+    """Optuna search with a progress bar on stderr (none with --json)."""
+    kw = dict(sampler=args.sampler, n_trials=args.trials, objectives=objectives, storage=args.storage,
+              study_name=args.study_name, seed=args.seed, timeout_s=args.timeout, workers=args.workers)
+    if args.json:
+        return optuna_search(model, cluster, gbs, **kw)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.report import console
+
+    with Progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as prog:
+        task = prog.add_task("search", total=None)
+        res = optuna_search(model, cluster, gbs, progress=lambda done, total: prog.update(task, completed=done,
+                                                                                          total=total), **kw)
+    if getattr(res, "interrupted", False):
+        console(stderr=True).print("interrupted: finished trials are kept; showing the best so far")
+    return res
 
 
 def best_plan(res) -> "ParallelPlan":

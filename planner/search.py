@@ -356,6 +356,13 @@ def _make_sampler(sampler, seed: int, n_trials: int):
     if sampler == "nsga2":
         pop = int(min(50, max(10, n_trials // 6)))
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=pop, **kw)
+    try:
+        import cmaes  # noqa: F401  (Optuna's CmaEsSampler runs on the cmaes package)
+    except ImportError:
+        from costmodel.profiles import InputError
+
+        raise InputError("sampler cmaes needs the cmaes package (pip install cmaes); "
+                         "valid samplers without it: tpe, nsga2") from None
     return optuna.samplers.CmaEsSampler(seed=seed, with_margin=True, n_startup_trials=0,
                                         independent_sampler=optuna.samplers.TPESampler(seed=seed),
                                         warn_independent_sampling=False)
@@ -664,10 +671,10 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
     if old is None:
         study.set_user_attr("planner_space", sig)
     elif old != sig:
-        diff = sorted(k for k in sig if old.get(k) != sig[k])
-        raise InputError(f"study {study.study_name!r} in {storage} was made for another search "
-                         f"({', '.join(f'{k}={old.get(k)}' for k in diff)}; now {', '.join(f'{k}={sig[k]}' for k in diff)}); "
-                         f"use another --study-name")
+        diff = [("knob values" if k == "choices" else f"{k} {old.get(k)} (now {sig[k]})")
+                for k in sig if old.get(k) != sig[k]]
+        raise InputError(f"study {study.study_name!r} in {storage} was made for another search: "
+                         f"{', '.join(diff)} differ; use another --study-name")
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     obj.remember(done)
     if enqueue:
@@ -830,6 +837,8 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                             and ":memory:" not in storage):
         raise InputError(f"workers={workers} needs a shared RDB storage such as sqlite:///plan.db "
                          f"(got storage={storage!r})")
+    # Optuna logs every trial (INFO) and a trial stopped by Ctrl-C with its traceback (WARNING); the result
+    # reports both (n_trials, interrupted), and an objective's own errors are raised, not logged.
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

@@ -72,6 +72,8 @@ def test_tpe_within_one_percent_of_exhaustive_with_a_tenth_of_the_evaluations(m7
 
 @pytest.mark.parametrize("sampler", ["cmaes", "nsga2"])
 def test_other_samplers_return_valid_plans(m70, sampler):
+    if sampler == "cmaes":
+        pytest.importorskip("cmaes", reason="Optuna's CmaEsSampler needs the cmaes package")
     model, cluster = m70
     res = optuna_search(model, cluster, GB, sampler=sampler, n_trials=60, seed=1)
     assert res.sampler == sampler and res.n_trials == 60

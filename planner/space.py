@@ -59,7 +59,11 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
             continue
         uneven = model.layers % pp != 0
         per_stage = model.layers // pp
-        vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 and not uneven else [1]
+        if uneven:
+            # Each stage of an uneven split holds a multiple of vpp layers, so vpp must divide the layers.
+            vpps = [v for v in divisors(model.layers) if v <= MAX_VPP and model.layers // v >= pp]
+        else:
+            vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
         for vpp, mbs, rc in itertools.product(vpps, micro_batches, recompute):
             rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc], uneven))
     names = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute", "uneven")
@@ -73,7 +77,7 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     return cols
 
 
-def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: int) -> tuple[int, ...]:
+def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: int, vpp: int = 1) -> tuple[int, ...]:
     """The exact min-max stage split for a pipeline depth that does not divide the layers, solved once
     per depth on a representative plan (the split depends on the edge-stage costs relative to a layer,
     which the other degrees barely change)."""
@@ -81,7 +85,7 @@ def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: 
 
     tp = min(8, cluster.domain_gpus, cluster.num_gpus // pp)
     dp = max(1, cluster.num_gpus // (tp * pp))
-    rep = ParallelPlan(tp=tp, pp=pp, dp=dp, global_batch=global_batch, recompute="selective",
+    rep = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, global_batch=global_batch, recompute="selective",
                        ep=min(model.num_experts, 8) if model.is_moe and model.num_experts % 8 == 0 else 1)
     return best_split(model, cluster, rep, memory=False).layers_per_stage
 
@@ -103,9 +107,9 @@ def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw)
     if uneven.any():
         max_pp = int(plans.pp.max())
         sl = np.full((len(plans), max_pp), np.nan)
-        for pp in np.unique(plans.pp[uneven]).astype(int):
-            split = uneven_split(model, cluster, pp, global_batch)
-            rows = uneven & (plans.pp == pp)
+        for pp, vpp in sorted({(int(a), int(b)) for a, b in zip(plans.pp[uneven], plans.vpp[uneven])}):
+            split = uneven_split(model, cluster, pp, global_batch, vpp)
+            rows = uneven & (plans.pp == pp) & (plans.vpp == vpp)
             sl[rows] = 0.0
             sl[np.ix_(rows, np.arange(pp))] = split
         plans.stage_layers = sl

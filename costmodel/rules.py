@@ -635,7 +635,7 @@ def violations(
     plan: ParallelPlan,
     num_gpus: int | None = None,
     *,
-    kv_head_replication: bool = False,
+    kv_head_replication: bool = True,
 ) -> list[str]:
     """Every Megatron-core rule the plan breaks, one message per rule (empty = valid).
 
@@ -669,7 +669,7 @@ def check_plan(
     plan: ParallelPlan,
     num_gpus: int | None = None,
     *,
-    kv_head_replication: bool = False,
+    kv_head_replication: bool = True,
 ) -> None:
     """Raise :class:`PlanError` with every violation joined by '; ' on one line."""
     found = violations(model, plan, num_gpus, kv_head_replication=kv_head_replication)
@@ -695,7 +695,7 @@ def valid_mask(
     arrays: Mapping[str, np.ndarray],
     num_gpus: int | None,
     *,
-    kv_head_replication: bool = False,
+    kv_head_replication: bool = True,
 ) -> np.ndarray:
     """The same rules as :func:`violations` over columns of candidate plans (even split only).
 

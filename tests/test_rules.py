@@ -105,8 +105,9 @@ def test_llama70b_tp8_pp4_dp16_on_512_accepted():
 
 
 def test_llama70b_tp16_rejected_for_kv_heads():
+    # The megatron-core 0.15 rule (kv_heads % tp == 0), still available with kv_head_replication=False.
     p = plan(tp=16, pp=4, dp=8)
-    found = violations(LLAMA3_70B, p, 512)
+    found = violations(LLAMA3_70B, p, 512, kv_head_replication=False)
     assert len(found) == 1, found
     msg = found[0]
     assert "tp=16" in msg and "kv_heads=8" in msg
@@ -116,8 +117,9 @@ def test_llama70b_tp16_rejected_for_kv_heads():
 
 
 def test_kv_head_replication_switch_accepts_tp_multiple_of_kv_heads():
-    # megatron-core 0.16 (PR #2565) also allows tp % kv_heads == 0; opt-in here.
+    # megatron-core 0.16 (PR #2565) also allows tp % kv_heads == 0: the default, as 0.16.1 is pinned.
     p = plan(tp=16, pp=4, dp=8)
+    assert violations(LLAMA3_70B, p, 512) == []
     assert violations(LLAMA3_70B, p, 512, kv_head_replication=True) == []
     found = violations(LLAMA3_70B, plan(tp=3, dp=1), kv_head_replication=True)
     assert any("kv_heads=8" in m and "valid tp: 1, 2, 4, 8, 16, 32, 64" in m for m in found)
@@ -370,8 +372,10 @@ def test_valid_mask_agrees_with_violations(model, num_gpus):
 
 def test_valid_mask_defaults_and_bad_columns():
     m = valid_mask(LLAMA3_70B, {"tp": np.array([8, 16, 3]), "global_batch": np.array([64] * 3)},
-                   None)
+                   None, kv_head_replication=False)
     assert m.tolist() == [True, False, False]
+    m = valid_mask(LLAMA3_70B, {"tp": np.array([8, 16, 3]), "global_batch": np.array([64] * 3)}, None)
+    assert m.tolist() == [True, True, False]
     assert valid_mask(LLAMA3_70B, {"tp": np.array([8]), "dp": np.array([0]),
                                    "global_batch": np.array([64])}, None).tolist() == [False]
     with pytest.raises(InputError):

@@ -1,0 +1,125 @@
+"""Megatron itself agrees with the planner: megatron-core 0.16.1 (CPU, no GPU needed) accepts the
+TransformerConfig built from the planner's top plans, parses the emitted pipeline layout into the same stage
+split, and rejects what the project rejects where megatron-core checks the rule.
+
+Skipped where megatron-core is not installed (it comes with the `executor` extra; .ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+megatron = pytest.importorskip("megatron.core")
+torch = pytest.importorskip("torch")
+
+from megatron.core.transformer.enums import LayerType  # noqa: E402
+from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
+
+from costmodel.catalog import get_model  # noqa: E402
+from costmodel.profiles import load_cluster  # noqa: E402
+from costmodel.rules import violations  # noqa: E402
+from costmodel.specs import ModelSpec, ParallelPlan  # noqa: E402
+from planner.cli import best_plan  # noqa: E402
+from planner.search import exhaustive  # noqa: E402
+from planner.space import default_global_batch  # noqa: E402
+from planner.split import megatron_layout  # noqa: E402
+
+
+def megatron_config(model: ModelSpec, plan: ParallelPlan):
+    """megatron-core's own config for a plan, the way Megatron-LM's arguments build it."""
+    kw = dict(
+        num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
+        ffn_hidden_size=model.ffn_hidden, kv_channels=model.head_width,
+        num_query_groups=model.kv_heads or model.heads, gated_linear_unit=model.gated_mlp,
+        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel and plan.tp > 1,
+        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+    )
+    if plan.vpp > 1:
+        kw["virtual_pipeline_model_parallel_size"] = plan.vpp
+    if plan.layers_per_stage is not None:
+        kw["pipeline_model_parallel_layout"] = megatron_layout(plan.layers_per_stage, plan.vpp)
+    if model.is_moe:
+        kw.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
+                  moe_ffn_hidden_size=model.expert_ffn, expert_model_parallel_size=plan.ep,
+                  expert_tensor_parallel_size=plan.etp, moe_grouped_gemm=True,
+                  moe_token_dispatcher_type="alltoall")
+        if model.shared_experts:
+            kw["moe_shared_expert_intermediate_size"] = model.shared_experts * model.expert_ffn
+        if model.dense_layers:
+            kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
+    if plan.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif plan.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    cls = TransformerConfig
+    if model.mla_kv_lora_rank:
+        cls = MLATransformerConfig
+        kw.update(multi_latent_attention=True, q_lora_rank=model.mla_q_lora_rank, kv_lora_rank=model.mla_kv_lora_rank,
+                  qk_head_dim=model.head_width, qk_pos_emb_head_dim=model.mla_rope_dim,
+                  v_head_dim=model.mla_v_head_dim or model.head_width)
+        kw.pop("kv_channels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(**kw)
+
+
+CASES = [("70b", "h100x512"), ("gpt3-175b", "a100x1024"), ("405b", "h100x16384"), ("mixtral-8x7b", "h100x512"),
+         ("qwen3-30b-a3b", "gb200-nvl72x8"), ("deepseek-v3", "gb200-nvl72x8")]
+
+
+def top_plans(model_name: str, cluster_name: str, k: int = 3) -> tuple[ModelSpec, list[ParallelPlan]]:
+    model, cluster = get_model(model_name), load_cluster(cluster_name)
+    res = exhaustive(model, cluster, default_global_batch(model, cluster.num_gpus))
+    assert res.any_fits
+    plans = []
+    for rank in range(min(k, len(res.order))):
+        order0 = res.order.copy()
+        res.order = order0[rank:]
+        plans.append(best_plan(res))
+        res.order = order0
+    return model, plans
+
+
+@pytest.mark.parametrize("model_name,cluster_name", CASES)
+def test_megatron_accepts_top_plans(model_name, cluster_name):
+    model, plans = top_plans(model_name, cluster_name)
+    for plan in plans:
+        assert violations(model, plan, load_cluster(cluster_name).num_gpus) == []
+        cfg = megatron_config(model, plan)  # raises if Megatron rejects the plan
+        assert cfg.tensor_model_parallel_size == plan.tp and cfg.pipeline_model_parallel_size == plan.pp
+
+
+def decoder_layers_per_rank(layout: PipelineParallelLayerLayout, pp: int) -> tuple[int, ...]:
+    return tuple(sum(chunk.count(LayerType.decoder) for chunk in layout.layout[r]) for r in range(pp))
+
+
+@pytest.mark.parametrize("split,vpp", [((7, 8, 8, 7), 1), ((3,) + (4,) * 30 + (3,), 1), ((6, 8, 8, 8, 8, 8, 8, 8, 8, 8,
+                                       8, 8, 8, 8, 8, 6), 2), ((2, 4), 2), ((7,) + (8,) * 14 + (7,), 1)])
+def test_megatron_parses_layout_into_the_same_split(split, vpp):
+    layout = PipelineParallelLayerLayout(megatron_layout(split, vpp), len(split))
+    assert decoder_layers_per_rank(layout, len(split)) == tuple(split)
+
+
+def test_planner_uneven_405b_layout_round_trips_through_megatron():
+    model, plans = top_plans("405b", "h100x16384", k=1)
+    plan = plans[0]
+    assert plan.layers_per_stage is not None and sum(plan.layers_per_stage) == 126
+    cfg = megatron_config(model, plan)
+    layout = cfg.pipeline_model_parallel_layout
+    if isinstance(layout, str):
+        layout = PipelineParallelLayerLayout(layout, plan.pp)
+    assert decoder_layers_per_rank(layout, plan.pp) == tuple(plan.layers_per_stage)
+
+
+@pytest.mark.parametrize("change", [dict(tp=3), dict(tp=5), dict(tp=128)])
+def test_rejected_by_both(change):
+    """Rules megatron-core's TransformerConfig checks: heads divisible by tp (and query groups by tp)."""
+    model = get_model("70b")
+    plan = ParallelPlan(tp=8, pp=4, dp=16, global_batch=512).model_copy(update=change)
+    assert violations(model, plan) != []
+    with pytest.raises((ValueError, AssertionError)):
+        megatron_config(model, plan)

@@ -111,14 +111,19 @@ def cmd_search(argv: list[str]) -> int:
                "evaluated": res.evaluated, "plans": rows}
         if getattr(res, "study_name", None):
             out["study_name"] = res.study_name
+        if not res.any_fits:
+            from planner.search import explain_no_fit
+
+            out["no_fit"] = explain_no_fit(model, cluster, gbs, res)
         print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
     con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
                                  f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how})"))
     if not res.any_fits:
-        con.print("[red]No layout fits in memory.[/red] The closest is shown first; more GPUs, a smaller "
-                  "micro-batch or full recompute would be needed.")
+        from planner.search import explain_no_fit
+
+        con.print(f"[red]{explain_no_fit(model, cluster, gbs, res)}[/red]")
         return 1
     return 0
 

@@ -957,3 +957,27 @@ def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, o
         raise RuntimeError("optuna_search worker failed: " + "; ".join(errors))
     now = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     return now - start, interrupted or any(r[1] for r in results), sum(r[2] for r in results)
+
+
+def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, result: SearchResult,
+                   cost: CostFn = default_cost, max_doublings: int = 6) -> str:
+    """Why nothing fits, and the smallest change that would: the closest plan's memory against capacity and
+    what dominates it, then the fewest nodes (doubling) at which some layout fits."""
+    i = int(result.order[0])
+    peak = float(np.nanmax(result.scores["peak_memory_bytes"][i]))
+    cap = float(result.scores["memory_capacity_bytes"][i])
+    parts = {k: float(result.scores[k][i]) for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                     "activations_bytes")}
+    top = max(parts, key=parts.get).removesuffix("_bytes")
+    p = to_plan(result.plans, i)
+    msg = (f"no layout fits: the closest (tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} ep{p.ep}, {p.recompute} recompute, "
+           f"micro-batch {p.micro_batch}) needs {peak / 1e9:.0f} GB per GPU against {cap / 1e9:.0f} GB usable, "
+           f"mostly {top}")
+    for k in range(1, max_doublings + 1):
+        bigger = cluster.model_copy(update={"nodes": cluster.nodes * 2**k})
+        res = exhaustive(model, bigger, global_batch, cost)
+        if res.any_fits:
+            q = to_plan(res.plans, int(res.order[0]))
+            return (msg + f"; smallest change that fits: {bigger.num_gpus} GPUs ({bigger.nodes} nodes) with "
+                    f"tp{q.tp} pp{q.pp} dp{q.dp} cp{q.cp}, {q.recompute} recompute")
+    return msg + f"; even {cluster.num_gpus * 2**max_doublings} GPUs do not fit it: a GPU with more memory is needed"

@@ -265,3 +265,16 @@ def test_workers_share_one_sqlite_study(m70, tmp_path):
     states = {t.state for t in res.study.get_trials()}
     assert states == {optuna.trial.TrialState.COMPLETE}
     assert_all_valid(res, model)
+
+
+def test_request_that_cannot_fit_names_the_smallest_change(tmp_path, capsys):
+    """405B on 16 H100s cannot fit; the planner says why and how many GPUs would do."""
+    from planner.cli import main
+
+    cluster = tmp_path / "tiny.yaml"
+    cluster.write_text("name: tiny\ngpu: H100\nnodes: 2\ngpus_per_node: 8\n"
+                       "inter_node: {nic_bandwidth_bytes_per_s: 50.0e+9}\n")
+    assert main(["--model", "405b", "--cluster", str(cluster), "--top", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no layout fits" in out and "GB usable" in out
+    assert "smallest change that fits:" in out and "GPUs" in out

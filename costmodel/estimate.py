@@ -319,8 +319,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     lp_dense = layer_params(model, False)
     lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
     emb = embedding_params(model)
-    edge_params = first * emb["embedding"] + last * emb["lm_head"] + \
-        (first & last) * 0.0
+    edge_params = first * emb["embedding"] + last * emb["lm_head"]
     p_dense_stage = (n_dense * lp_dense["dense"] + n_moe * lp_moe["dense"] + edge_params) / col(tp)
     p_exp_stage = n_moe * lp_moe["expert"] / col(ep * etp)
     zero = a.zero_stage
@@ -440,7 +439,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         "optimizer_s": t_opt.max(axis=1),
         "stage_time_s": np.where(valid, stage_time, np.nan),
         "peak_memory_bytes": np.where(valid, peak, np.nan),
-        "weights_bytes": weights[rows, i_max * 0],
+        "weights_bytes": weights[rows, 0],
         "grads_bytes": grads[rows, 0],
         "optimizer_bytes": optim[rows, 0],
         "activations_bytes": act_bytes_stage[rows, 0],

@@ -539,14 +539,10 @@ def _layers_per_stage_violations(model: ModelSpec, plan: ParallelPlan) -> list[s
                 f"layers_per_stage={shown} with pp={pp} has empty middle stages "
                 f"{_fmt(empty_middle)}; only the first/last stage may hold 0 layers"
             )
-    if vpp > 1 and pp > 1:  # pp == 1 with vpp > 1 is its own violation
-        bad = [i for i, x in enumerate(lps) if x % vpp != 0]
-        if bad:
-            out.append(
-                f"vpp={vpp} does not divide the layer counts of stages {_fmt(bad)} in "
-                f"layers_per_stage={shown} (pp={pp}); valid: every stage's count a multiple of "
-                f"vpp={vpp}, or vpp in {_fmt(common_divisors(*[x for x in lps if x > 0]) or [1])}"
-            )
+    # With an explicit split the planner emits megatron-core's pipeline_model_parallel_layout, whose
+    # virtual stages may hold any number of layers (PipelineParallelLayerLayout.validate_layer_layout only
+    # needs the embedding first, the loss last and every decoder layer placed once): stage counts need not
+    # be multiples of vpp. Only the --decoder-first/last-pipeline-num-layers flags would need that.
     return out
 
 

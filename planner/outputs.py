@@ -85,24 +85,11 @@ def parse_layout(layout: str, pp: int) -> tuple[int, tuple[int, ...]]:
 
 
 def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], vpp: int = 1) -> str:
-    """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r.
+    """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r (embedding first, loss
+    last, a rank's later chunks taking the remainder); written by planner/split.py beside the split."""
+    from planner.split import megatron_layout
 
-    Each rank's layers are spread over its ``vpp`` virtual chunks as evenly as possible (the later
-    chunks take the remainder); the embedding goes first and the loss last.
-    """
-    pp = len(layers_per_stage)
-    stages: list[str] = []
-    for v in range(vpp):
-        for r in range(pp):
-            base, rem = divmod(int(layers_per_stage[r]), vpp)
-            n = base + (1 if v >= vpp - rem else 0)
-            body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
-            if v == 0 and r == 0:
-                body = "E" + body
-            if v == vpp - 1 and r == pp - 1:
-                body = body + "L"
-            stages.append(body)
-    return "|".join(stages)
+    return megatron_layout(tuple(int(x) for x in layers_per_stage), vpp)
 
 
 # Flags ----------------------------------------------------------------------------------------

@@ -60,8 +60,9 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
         uneven = model.layers % pp != 0
         per_stage = model.layers // pp
         if uneven:
-            # Each stage of an uneven split holds a multiple of vpp layers, so vpp must divide the layers.
-            vpps = [v for v in divisors(model.layers) if v <= MAX_VPP and model.layers // v >= pp]
+            # Uneven splits are emitted as megatron-core layout strings, whose virtual stages may differ in
+            # size: any vpp up to the layers per stage.
+            vpps = [v for v in range(1, MAX_VPP + 1) if per_stage >= v] if pp > 1 else [1]
         else:
             vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
         for vpp, mbs, rc in itertools.product(vpps, micro_batches, recompute):

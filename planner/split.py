@@ -352,21 +352,21 @@ def best_split(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     costs, fe, le = layer_costs(model, cluster, plan, **kw)
     split = None
     if memory:
-        stage_memory, capacity = stage_memory_table(model, cluster, plan, multiple_of=plan.vpp, **kw)
+        stage_memory, capacity = stage_memory_table(model, cluster, plan, multiple_of=1, **kw)
         try:
-            split, _ = min_max_split(costs, plan.pp, fe, le, multiple_of=plan.vpp,
+            split, _ = min_max_split(costs, plan.pp, fe, le, multiple_of=1,
                                      stage_memory=stage_memory, memory_capacity=capacity)
         except ValueError:
             split = None
     if split is None:
-        split, _ = min_max_split(costs, plan.pp, fe, le, multiple_of=plan.vpp)
+        split, _ = min_max_split(costs, plan.pp, fe, le, multiple_of=1)
     return ParallelPlan.model_validate({**plan.model_dump(), "layers_per_stage": split})
 
 
 # Megatron launch arguments ----------------------------------------------------------------------
 
 
-def _check_split(layers_per_stage: Sequence[int], vpp: int) -> tuple[int, ...]:
+def _check_split(layers_per_stage: Sequence[int], vpp: int, multiples: bool = True) -> tuple[int, ...]:
     lps = tuple(int(x) for x in layers_per_stage)
     if not lps:
         raise ValueError("layers_per_stage is empty")
@@ -374,7 +374,7 @@ def _check_split(layers_per_stage: Sequence[int], vpp: int) -> tuple[int, ...]:
         raise ValueError(f"vpp={vpp} must be >= 1")
     if any(x < 0 for x in lps):
         raise ValueError(f"layers_per_stage={lps} has negative counts")
-    bad = [i for i, x in enumerate(lps) if x % vpp]
+    bad = [i for i, x in enumerate(lps) if x % vpp] if multiples else []
     if bad:
         raise ValueError(f"layers_per_stage={lps}: stages {bad} are not multiples of vpp={vpp}")
     return lps
@@ -383,7 +383,8 @@ def _check_split(layers_per_stage: Sequence[int], vpp: int) -> tuple[int, ...]:
 def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: bool = True) -> str:
     """megatron-core's ``--pipeline-model-parallel-layout`` string for a split.
 
-    Each pipeline rank's layers are divided evenly over its ``vpp`` model chunks; the string lists
+    Each pipeline rank's layers are divided over its ``vpp`` model chunks as evenly as possible (later
+    chunks take the remainder; megatron-core's layout allows unequal virtual stages); the string lists
     the pp*vpp virtual stages in layer order (chunk v of rank r is entry v*pp + r), ``E`` opening
     the first and ``L`` closing the last. With ``compact``, a stage's layers are written ``t*n``
     and runs of equal stages ``(...|)*k``; otherwise every layer is one ``t``. Quote it for a shell.
@@ -393,13 +394,14 @@ def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: b
     >>> megatron_layout((2, 4), vpp=2)
     'Et|t*2|t|t*2L'
     """
-    lps = _check_split(layers_per_stage, vpp)
+    lps = _check_split(layers_per_stage, vpp, multiples=False)
     pp = len(lps)
     total = pp * vpp
     stages = []
     for k in range(total):
         v, r = divmod(k, pp)
-        n = lps[r] // vpp
+        base, rem = divmod(lps[r], vpp)
+        n = base + (1 if v >= vpp - rem else 0)
         body = "t" * n if not compact or n < 2 else f"t*{n}"
         stages.append(("E" if k == 0 else "") + body + ("L" if k == total - 1 else ""))
     if not compact:

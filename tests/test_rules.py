@@ -286,9 +286,10 @@ def test_layers_per_stage_rules():
     assert any("middle" in m for m in violations(LLAMA3_70B, empty_middle))
     empty_last = plan(tp=8, pp=4, dp=16, layers_per_stage=(26, 27, 27, 0))
     assert violations(LLAMA3_70B, empty_last) == []
-    bad_vpp = plan(tp=8, pp=4, vpp=2, dp=16, layers_per_stage=(19, 21, 20, 20))
-    found = violations(LLAMA3_70B, bad_vpp)
-    assert any("vpp=2" in m and "pp=4" in m and "stages 0, 1" in m for m in found), found
+    # An explicit split is emitted as a pipeline_model_parallel_layout string, whose virtual stages may
+    # differ in size: counts that are not multiples of vpp are accepted (megatron-core parses them).
+    odd_vpp = plan(tp=8, pp=4, vpp=2, dp=16, layers_per_stage=(19, 21, 20, 20))
+    assert violations(LLAMA3_70B, odd_vpp) == []
 
 
 def test_recompute_layers_rules():

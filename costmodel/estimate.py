@@ -269,9 +269,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
         moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed
         moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed
-        moe_comm = t_tp + t_a2a
     else:
-        moe_f = moe_b = moe_comm = mb_moe = np.zeros(n)
+        moe_f = moe_b = mb_moe = np.zeros(n)
         t_a2a = np.zeros(n)
 
     # ---- recompute ------------------------------------------------------------------------------

@@ -513,7 +513,7 @@ def _layers_per_stage_violations(model: ModelSpec, plan: ParallelPlan) -> list[s
     if lps is None:
         return []
     out: list[str] = []
-    pp, vpp = plan.pp, plan.vpp
+    pp = plan.pp
     shown = "(" + ", ".join(str(x) for x in lps) + ")"
     if sum(lps) != model.layers:
         out.append(

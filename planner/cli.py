@@ -148,7 +148,7 @@ def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     return res
 
 
-def best_plan(res) -> "ParallelPlan":
+def best_plan(res):
     """The best plan of a search result, with its uneven stage split when it has one."""
     import numpy as np
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from costmodel import comm, compute, memory, pipeline
+from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
@@ -154,8 +155,14 @@ def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
 
 def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                     profile: HardwareProfile | None = None, framework: str = "megatron-core",
-                    moe_imbalance: float = 1.0) -> dict[str, np.ndarray]:
-    """Score every plan in ``a``. Returns arrays keyed by quantity (per plan, or per plan and stage)."""
+                    moe_imbalance: float = 1.0,
+                    grad_compression: GradCompression | None = None) -> dict[str, np.ndarray]:
+    """Score every plan in ``a``. Returns arrays keyed by quantity (per plan, or per plan and stage).
+
+    ``grad_compression`` (costmodel/compression.py) quantises the data-parallel gradient collective: its
+    bytes shrink, the compress/decompress kernels add HBM-bound time to the step (reported within
+    ``dp_comm_exposed_s``) and the error-feedback residual adds to the gradient memory. None: uncompressed.
+    """
     prof = profile or load_profile(cluster.gpu)
     fw = FRAMEWORK[framework]
     cal = prof.calibration
@@ -324,15 +331,16 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     zero = a.zero_stage
     distopt = a.distributed_optimizer | (zero >= 1)
     grad_b = memory.GRAD_BYTES_CORE if framework == "megatron-core" else memory.GRAD_BYTES
-    rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * grad_b,
+    wire_b = grad_b if grad_compression is None else grad_compression.wire_bytes_per_element
+    rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * wire_b,
                                   col(dp_size), col(dp_k), col(dp_N))
-    ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * grad_b,
+    ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * wire_b,
                                   col(dp_size), col(dp_k), col(dp_N))
     ag_d = comm.collective_time_s(prof, cluster, "all_gather", p_dense_stage * memory.WEIGHT_BYTES,
                                   col(dp_size), col(dp_k), col(dp_N))
-    rs_e = comm.collective_time_s(prof, cluster, "reduce_scatter", p_exp_stage * grad_b,
+    rs_e = comm.collective_time_s(prof, cluster, "reduce_scatter", p_exp_stage * wire_b,
                                   col(edp), col(edp_k), col(edp_N))
-    ar_e = comm.collective_time_s(prof, cluster, "all_reduce", p_exp_stage * grad_b,
+    ar_e = comm.collective_time_s(prof, cluster, "all_reduce", p_exp_stage * wire_b,
                                   col(edp), col(edp_k), col(edp_N))
     ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * memory.WEIGHT_BYTES,
                                   col(edp), col(edp_k), col(edp_N))
@@ -355,6 +363,14 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         fsdp_exposed = fsdp_comm
     dp_exposed = np.where(fsdp > 0, fsdp_exposed, dp_exposed)
     dp_exposed = np.where(valid, dp_exposed, 0.0)
+    if grad_compression is not None:
+        # Compress/decompress kernels over the local gradients (per micro-batch with FSDP): they occupy the
+        # GPU, so nothing hides them.
+        t_compress = compute.memory_bound_time_s(
+            prof, (p_dense_stage + p_exp_stage) * grad_compression.kernel_bytes_per_element(grad_b))
+        t_compress = np.where(valid, t_compress * np.where(fsdp > 0, col(m), 1.0), 0.0)
+    else:
+        t_compress = np.zeros_like(dp_exposed)
 
     # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy.
     shard = np.where(dist, col(dp_size), 1.0)
@@ -363,7 +379,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     t_opt = compute.memory_bound_time_s(prof, opt_params * 34.0)
     t_opt = np.where(valid, t_opt, 0.0)
 
-    tail = (dp_exposed + t_opt).max(axis=1)
+    tail = (dp_exposed + t_compress + t_opt).max(axis=1)
     step = pipe_s + tail + STEP_OVERHEAD_S
 
     # Bounds: all overlappable comm hidden vs none hidden.
@@ -400,6 +416,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                        p_stage * w_bytes)
     grads = np.where(col(zero >= 2), p_dense_stage * grad_b / col(dp_size) + p_exp_stage * grad_b / col(edp),
                      p_stage * grad_b)
+    if grad_compression is not None:
+        grads = grads + p_stage * grad_compression.residual_bytes_per_element
     optim = memory.OPTIMIZER_BYTES * (p_dense_stage / shard + p_exp_stage / shard_e)
     live = weights + grads + optim + act_bytes_stage
     buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
@@ -416,6 +434,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                "mlp_dense_s": t_mlp_dense, "memory_bound_dense_s": mb_f, "tp_comm_s": t_tp,
                "layer_dense_fwd_s": dense_f, "layer_dense_bwd_s": dense_b, "layer_moe_fwd_s": moe_f,
                "layer_moe_bwd_s": moe_b, "a2a_s": t_a2a, "logits_s": t_logit, "p2p_s": t_p2p}
+    if grad_compression is not None:
+        details["grad_compression_s"] = t_compress.max(axis=1)
     if model.is_moe:
         details.update({"experts_s": t_experts, "shared_s": t_shared, "router_s": t_router,
                         "memory_bound_moe_s": mb_moe, "moe_fixed_s": np.full(n, t_moe_fixed)})
@@ -434,7 +454,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         "cp_comm_exposed_s": col(m)[:, 0] * (SL * col(cp_exp_f + cp_exp_b))[rows, i_max],
         "ep_comm_exposed_s": col(m)[:, 0] * (n_moe * col(2 * t_a2a))[rows, i_max],
         "pp_comm_exposed_s": m * p2p_stage,
-        "dp_comm_exposed_s": dp_exposed.max(axis=1),
+        "dp_comm_exposed_s": (dp_exposed + t_compress).max(axis=1),
         "optimizer_s": t_opt.max(axis=1),
         "stage_time_s": np.where(valid, stage_time, np.nan),
         "peak_memory_bytes": np.where(valid, peak, np.nan),
@@ -477,12 +497,14 @@ def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
-             profile: HardwareProfile | None = None, moe_imbalance: float = 1.0) -> StepEstimate:
+             profile: HardwareProfile | None = None, moe_imbalance: float = 1.0,
+             grad_compression: GradCompression | None = None) -> StepEstimate:
     """Step time and memory of one plan, with every pipeline stage reported."""
     if plan.layers_per_stage is None:
         per, rem = divmod(model.layers, plan.pp)
         split = tuple(per + (1 if 1 <= i <= rem else 0) for i in range(plan.pp))
         plan = plan.model_copy(update={"layers_per_stage": split})
     out = estimate_arrays(model, cluster, PlanArrays.from_plans([plan]), profile=profile,
-                          framework=plan.framework, moe_imbalance=moe_imbalance)
+                          framework=plan.framework, moe_imbalance=moe_imbalance,
+                          grad_compression=grad_compression)
     return to_step_estimate(out, 0)

@@ -3,6 +3,8 @@
     plan --model 70b --cluster h100x512.yaml         search layouts, print the ranked table
     plan check --model 70b --cluster ... --tp 8 ...  predict one layout and check it against every rule
     plan validate PATH.csv [--json OUT]              score the cost model against published runs
+    plan capacity --model 70b --tokens 15T --cluster h100x512.yaml [--deadline 30d | --budget $10M]
+    plan whatif --model 70b --cluster h100x512.yaml --vary gpus=256,512,1024 [--vary gpu=H100,B200]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import ValidationError
 
 from costmodel.profiles import InputError
 
-SUBCOMMANDS = ("check", "validate")
+SUBCOMMANDS = ("check", "validate", "capacity", "whatif")
 # Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
 EXHAUSTIVE_LIMIT = 50_000
 
@@ -276,6 +278,187 @@ def cmd_validate(argv: list[str]) -> int:
     return 0
 
 
+def _capacity_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b) or a HF config.json")
+    ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 (default: 20 per parameter)")
+    ap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
+    ap.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: ~4M tokens)")
+    ap.add_argument("--compression", default="none", help="DP gradient compression: none, int8, int4 (error feedback)")
+    ap.add_argument("--price-per-gpu-hour", default=None, help="$ per GPU-hour, instead of the cluster files' price")
+    ap.add_argument("--failure-scale", type=float, default=1.0, help="multiply the default failure rates (Llama 3)")
+    ap.add_argument("--failures-per-gpu-hour", type=float, default=None, help="GPU faults per GPU-hour")
+    ap.add_argument("--failures-per-node-hour", type=float, default=None, help="other faults per node-hour")
+    ap.add_argument("--restart", default=None, help="overhead per failure before the checkpoint load (default 10m)")
+    ap.add_argument("--checkpoint-interval", default=None, help="fixed checkpoint interval, e.g. 1h (default: optimal)")
+    ap.add_argument("--async-checkpoint", action="store_true", help="asynchronous checkpoint saves")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ap.add_argument("--plot", metavar="PNG", help="write the figure (time, cost, goodput, throughput, MFU, Pareto)")
+
+
+def _capacity_inputs(args):
+    """Model, compression and the shared assumptions from the arguments (one-line errors on bad values)."""
+    from costmodel.catalog import get_model
+    from costmodel.compression import get_compression
+    from costmodel.goodput import CheckpointPolicy, FailureModel
+    from planner.capacity import Assumptions, default_tokens, parse_duration, parse_money, parse_tokens
+
+    model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
+    if not args.failure_scale >= 0:
+        raise InputError(f"--failure-scale {args.failure_scale}: expected a factor >= 0 (1 = the Llama 3 rates)")
+    fm = FailureModel()
+    upd = {k: v for k, v in (("per_gpu_hour", args.failures_per_gpu_hour),
+                             ("per_node_hour", args.failures_per_node_hour)) if v is not None}
+    if any(v < 0 for v in upd.values()):
+        raise InputError("--failures-per-gpu-hour / --failures-per-node-hour: expected rates >= 0")
+    if args.restart is not None:
+        upd["restart_overhead_s"] = parse_duration(args.restart, "--restart")
+    fm = fm.model_copy(update=upd).scaled(args.failure_scale)
+    ckpt = CheckpointPolicy(asynchronous=args.async_checkpoint,
+                            interval_s=parse_duration(args.checkpoint_interval, "--checkpoint-interval")
+                            if args.checkpoint_interval else None)
+    tokens = parse_tokens(args.tokens) if args.tokens else default_tokens(model)
+    price = parse_money(args.price_per_gpu_hour, "--price-per-gpu-hour") if args.price_per_gpu_hour else None
+    return model, get_compression(args.compression), Assumptions(tokens, fm, ckpt, price)
+
+
+def _sweep_with_progress(scenarios, assumptions, quiet: bool):
+    from planner.capacity import sweep
+
+    if quiet:
+        return sweep(scenarios, assumptions)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.report import console
+
+    with Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as prog:
+        task = prog.add_task("plan", total=len(scenarios))
+        return sweep(scenarios, assumptions, progress=lambda done, total: prog.update(task, completed=done))
+
+
+def _write_png_atomic(path: str, draw) -> None:
+    target = Path(path)
+    if not target.parent.exists():
+        raise InputError(f"--plot {path}: directory {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        draw(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:
+    from planner.capacity import pareto
+    from planner.capacity_report import capacity_table, save_capacity_png
+
+    if args.plot:
+        _write_png_atomic(args.plot, lambda p: save_capacity_png(p, points, dims[0], series, title, deadline, budget,
+                                                                 decision.best))
+    if args.json:
+        front = pareto(points)
+        out = {"command": kind, "model": model.name, "tokens": a.tokens, "deadline_s": deadline, "budget_usd": budget,
+               "failures": a.failures.model_dump(), "checkpoint": a.checkpoint.model_dump(),
+               "points": [p.to_dict() for p in points], "met": decision.met, "message": decision.message,
+               "best": points.index(decision.best) if decision.best else None,
+               "closest": points.index(decision.closest) if decision.closest else None,
+               "pareto": [points.index(p) for p in front]}
+        if args.plot:
+            out["plot"] = args.plot
+        print(json.dumps(out, indent=1))
+        return 0 if decision.best else 1
+    from planner.report import console
+
+    con = console()
+    con.print(capacity_table(points, title, dims + ([series] if series and series not in dims else []),
+                             decision.best))
+    colour = "green" if decision.met and decision.best else "red"
+    con.print(f"[{colour}]{decision.message}[/{colour}]")
+    for gpu, p in decision.smallest_by_gpu.items():
+        if len(decision.smallest_by_gpu) > 1:
+            con.print(f"  smallest {gpu} cluster meeting it: {p.gpus} GPUs, {p.wall_time_s / 86400:.1f} d")
+    f, c = a.failures, a.checkpoint
+    con.print(f"failures: {f.per_gpu_hour:.3g}/GPU-h + {f.per_node_hour:.3g}/node-h, restart {f.restart_overhead_s / 60:.0f} "
+              f"min + checkpoint load; checkpoint {c.bytes_per_param:g} B/param "
+              f"{'asynchronous' if c.asynchronous else 'synchronous'}, interval "
+              f"{'optimal (Daly)' if c.interval_s is None else f'{c.interval_s:.0f} s'}")
+    if args.plot:
+        con.print(f"plot written to {args.plot}")
+    return 0 if decision.best else 1
+
+
+def cmd_capacity(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan capacity", description="Time, cost and goodput to train a model; "
+                                 "with --deadline or --budget, the cluster size and GPU type that meet it.")
+    _capacity_args(ap)
+    ap.add_argument("--cluster", required=True, nargs="+", help="cluster YAML(s); several = several GPU types")
+    ap.add_argument("--deadline", default=None, help="wall-time target, e.g. 30d, 12h")
+    ap.add_argument("--budget", default=None, help="cost ceiling, e.g. $10M, 800k")
+    ap.add_argument("--gpus", default=None, help="GPU counts to try, e.g. 256,512,1024 (default with a target: "
+                                                 "powers of two of whole nodes up to 16,384)")
+    ap.add_argument("--min-gpus", type=int, default=None)
+    ap.add_argument("--max-gpus", type=int, default=None)
+    args = ap.parse_args(argv)
+    from costmodel.profiles import load_cluster
+    from planner.capacity import (REFINE_STEPS, Scenario, capacity_scenarios, decide, parse_duration, parse_money,
+                                  parse_vary, refine_sizes)
+
+    model, comp, a = _capacity_inputs(args)
+    if len(set(args.cluster)) != len(args.cluster):
+        raise InputError(f"--cluster: a file is given twice ({' '.join(args.cluster)})")
+    clusters = [load_cluster(c) for c in args.cluster]
+    many = len(clusters) > 1
+    bases = [Scenario(model, cl, args.global_batch, comp, (("cluster", cl.name),) if many else (), src)
+             for cl, src in zip(clusters, args.cluster)]
+    deadline = parse_duration(args.deadline) if args.deadline else None
+    budget = parse_money(args.budget) if args.budget else None
+    gpus = parse_vary(f"gpus={args.gpus}")[1] if args.gpus else None
+    searching = bool(deadline or budget or args.min_gpus or args.max_gpus)
+    points = _sweep_with_progress(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus, searching), a,
+                                  args.json)
+    for _ in range(REFINE_STEPS if searching and not gpus else 0):
+        extra = refine_sizes(points, deadline, budget)
+        if extra:
+            points += _sweep_with_progress(extra, a, args.json)
+    points.sort(key=lambda p: (args.cluster.index(p.scenario.source), p.gpus))
+    decision = decide(points, deadline, budget)
+    title = (f"{model.name} on {a.tokens / 1e12:g}T tokens" + ("" if args.tokens else " (20 per parameter)")
+             + f", seq {model.seq_len}, {model.precision}" + (f", {comp.name} DP compression" if comp else "")
+             + (f", global batch {args.global_batch}" if args.global_batch else ""))
+    return _capacity_output(args, "capacity", model, a, points, ["gpus"], "cluster" if many else None, decision,
+                            title, deadline, budget)
+
+
+def cmd_whatif(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan whatif", description="Re-plan a model on a cluster while one or two "
+                                 "quantities vary: gpus, gpu, bandwidth, seq_len, global_batch, precision, compression.")
+    _capacity_args(ap)
+    ap.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
+    ap.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2,...",
+                    help="quantity to sweep (first: x axis; a second one: one line per value)")
+    args = ap.parse_args(argv)
+    from costmodel.profiles import load_cluster
+    from planner.capacity import Scenario, decide, parse_vary, whatif_scenarios
+
+    model, comp, a = _capacity_inputs(args)
+    if len(args.vary) > 2:
+        raise InputError(f"--vary given {len(args.vary)} times: at most two quantities (x axis and series)")
+    cluster = load_cluster(args.cluster)
+    dims = [parse_vary(v) for v in args.vary]
+    points = _sweep_with_progress(whatif_scenarios(Scenario(model, cluster, args.global_batch, comp, (), args.cluster),
+                                                   dims), a, args.json)
+    decision = decide(points)
+    names = [d for d, _ in dims]
+    title = (f"what if: {model.name} on {a.tokens / 1e12:g}T tokens, {cluster.name} varied by {' x '.join(names)}")
+    return _capacity_output(args, "whatif", model, a, points, names[:1], names[1] if len(names) > 1 else None,
+                            decision, title)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -283,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(argv[1:])
         if argv and argv[0] == "validate":
             return cmd_validate(argv[1:])
+        if argv and argv[0] == "capacity":
+            return cmd_capacity(argv[1:])
+        if argv and argv[0] == "whatif":
+            return cmd_whatif(argv[1:])
         return cmd_search(argv)
     except InputError as exc:
         print(f"plan: error: {exc}", file=sys.stderr)

@@ -257,21 +257,29 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         router_flops = 2.0 * tokens * h * E / tp
         t_router = gemm(router_flops, np.minimum(E, h))
         # Routed experts: tokens owned by the rank (tokens/tp with SP) go to k experts; balanced,
-        # each expert holds tokens*k*ep/(tp*E) of them; the hottest rank sets the pace.
+        # each expert holds tokens*k*ep/(tp*E) of them; the hottest rank sets the pace. With expert tensor
+        # parallelism the etp ranks of an expert all-gather the tokens it received and each computes 1/etp
+        # of its width (megatron-core alltoall dispatcher), reduce-scattering the outputs.
         own = tokens / tp
-        per_expert = own * k_top * ep / E * moe_imbalance
-        exp_flops = 2.0 * own * k_top * mlp_params(model, model.expert_ffn) / etp * moe_imbalance
+        gathered = own * etp
+        per_expert = gathered * k_top * ep / E * moe_imbalance
+        exp_flops = 2.0 * gathered * k_top * mlp_params(model, model.expert_ffn) / etp * moe_imbalance
         mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
         t_experts = gemm(exp_flops, mn)
-        elem_exp = own * k_top * moe_imbalance * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
-                                                  + 4 * h)  # activation + permute/unpermute copies
+        elem_exp = gathered * k_top * moe_imbalance * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
+                                                       + 4 * h)  # activation + permute/unpermute copies
         if fp8:
-            elem_exp = elem_exp + own * k_top * q * (h + model.expert_ffn / etp)
+            elem_exp = elem_exp + gathered * k_top * q * (h + model.expert_ffn / etp)
+        etp_k, etp_N = comm.group_span(1, etp, D)
+        etp_bytes = gathered * k_top * h * 2.0 * moe_imbalance
+        t_etp = (comm.collective_time_s(prof, cluster, "all_gather", etp_bytes, etp, etp_k, etp_N)
+                 + comm.collective_time_s(prof, cluster, "reduce_scatter", etp_bytes, etp, etp_k, etp_N))
         # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
         # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
         mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared
                                                           + cal.moe_overhead * (elem_exp + own * E * 3)))
         t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * 2.0 * moe_imbalance, k_top, ep, ep_k, ep_N)
+        t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
         t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
         moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed
@@ -456,6 +464,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         "pp_comm_exposed_s": m * p2p_stage,
         "dp_comm_exposed_s": (dp_exposed + t_compress).max(axis=1),
         "optimizer_s": t_opt.max(axis=1),
+        "stage_tail_s": np.where(valid, dp_exposed + t_compress + t_opt, np.nan),  # after the last micro-batch
         "stage_time_s": np.where(valid, stage_time, np.nan),
         "peak_memory_bytes": np.where(valid, peak, np.nan),
         "weights_bytes": weights[rows, 0],

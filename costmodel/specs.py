@@ -160,6 +160,44 @@ class DeviceGroup(_Frozen):
     """Nodes in the group."""
     gpus_per_node: int = Field(ge=1)
     """GPUs per node in the group."""
+    nvlink_domain_gpus: int | None = Field(default=None, ge=1)
+    """GPUs in one NVLink domain of this group; None = gpus_per_node."""
+    intra_node: IntraNodeFabric | None = None
+    """Scale-up fabric of this group; None = the cluster's."""
+    inter_node: InterNodeFabric | None = None
+    """Scale-out fabric of this group's nodes; None = the cluster's."""
+    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+    """Price of one GPU-hour of this group; None = the cluster's."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class InterGroupLink(_Frozen):
+    """What joins the device groups of a heterogeneous cluster (pipeline hops between groups cross it)."""
+
+    name: str = "inter-group link"
+    """Label for reports."""
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    """Unidirectional bandwidth per GPU for traffic between groups (also accepted as bandwidth_gbps, Gb/s)."""
+    latency_s: float = Field(default=5e-6, ge=0)
+    """One-hop latency between groups."""
+    shared: bool = False
+    """True: the bandwidth is one link shared by every rank whose traffic crosses it (not per GPU)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gbps(cls, data):
+        if isinstance(data, dict) and "bandwidth_gbps" in data:
+            data = dict(data)
+            gbps = data.pop("bandwidth_gbps")
+            if "bandwidth_bytes_per_s" in data:
+                raise ValueError("give bandwidth_gbps or bandwidth_bytes_per_s, not both")
+            if not isinstance(gbps, (int, float)) or isinstance(gbps, bool) or gbps <= 0:
+                raise ValueError(f"bandwidth_gbps={gbps!r} must be a positive number (Gb/s)")
+            data["bandwidth_bytes_per_s"] = float(gbps) * 1e9 / 8
+        return data
 
 
 class ClusterSpec(_Frozen):
@@ -187,9 +225,44 @@ class ClusterSpec(_Frozen):
     """Aggregate checkpoint storage write bandwidth."""
     device_groups: tuple[DeviceGroup, ...] = ()
     """Heterogeneous clusters: the groups (empty for a homogeneous cluster)."""
+    inter_group_link: InterGroupLink | None = None
+    """Heterogeneous clusters: the link between groups; None = the scale-out fabric (inter_node)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_groups(cls, data):
+        """With device_groups, gpu / nodes / gpus_per_node / inter_node may be left out: they describe the
+        first group (and nodes counts every group's nodes). Files without device_groups are untouched."""
+        if not isinstance(data, dict) or not data.get("device_groups"):
+            return data
+        groups = data["device_groups"]
+        if not isinstance(groups, (list, tuple)):
+            return data
+        get = lambda g, k: g.get(k) if isinstance(g, dict) else getattr(g, k, None)  # noqa: E731
+        first = groups[0]
+        data = dict(data)
+        data.setdefault("gpu", get(first, "gpu"))
+        data.setdefault("gpus_per_node", get(first, "gpus_per_node"))
+        nodes = [get(g, "nodes") for g in groups]
+        if all(isinstance(x, int) for x in nodes):
+            data.setdefault("nodes", sum(nodes))
+        if "inter_node" not in data and get(first, "inter_node") is not None:
+            data["inter_node"] = get(first, "inter_node")
+        return data
+
+    @model_validator(mode="after")
+    def _groups_ok(self) -> ClusterSpec:
+        names = [g.name for g in self.device_groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"device group names {names} are not unique")
+        if self.inter_group_link is not None and not self.device_groups:
+            raise ValueError("inter_group_link needs device_groups")
+        return self
 
     @property
     def num_gpus(self) -> int:
+        if self.device_groups:
+            return sum(g.num_gpus for g in self.device_groups)
         return self.nodes * self.gpus_per_node
 
     @property

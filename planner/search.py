@@ -36,6 +36,15 @@ class SearchResult:
     def plan(self, rank: int = 0) -> ParallelPlan:
         return to_plan(self.plans, int(self.order[rank]))
 
+    def split_plan(self, rank: int = 0) -> ParallelPlan:
+        """The plan at ``rank`` with its uneven stage split, when it has one."""
+        plan = self.plan(rank)
+        sl = self.plans.stage_layers
+        i = int(self.order[rank])
+        if sl is not None and not np.isnan(sl[i, 0]):
+            plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})
+        return plan
+
     @property
     def any_fits(self) -> bool:
         return bool(self.scores["fits"].any()) if self.evaluated else False
@@ -56,7 +65,11 @@ def exhaustive(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cost: 
     plans = valid_plans(model, cluster, global_batch)
     if len(plans) == 0:
         return SearchResult(plans, {}, np.zeros(0, dtype=int), 0)
-    scores = cost(model, cluster, plans)
+    return ranked(plans, cost(model, cluster, plans))
+
+
+def ranked(plans: PlanArrays, scores: dict) -> SearchResult:
+    """Scored plans in order: those that fit by step time, then the rest by peak memory."""
     t = np.where(scores["fits"], scores["step_time_s"], np.inf)
     fit_order = np.argsort(t, kind="stable")
     n_fit = int(scores["fits"].sum())

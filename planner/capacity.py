@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.catalog import get_model
+from costmodel.catalog import _with_overrides as with_overrides
 from costmodel.compression import GradCompression, get_compression
 from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
@@ -171,7 +171,7 @@ def parse_vary(spec: str) -> tuple[str, list]:
     if dim in ("gpus", "seq_len", "global_batch"):
         values: list = _ints(raw, dim)
     elif dim == "bandwidth":
-        values = [parse_bandwidth(v, f"--vary bandwidth value") for v in raw]
+        values = [parse_bandwidth(v, "--vary bandwidth value") for v in raw]
     elif dim == "gpu":
         values = [load_profile(v).name for v in raw]
     elif dim == "compression":
@@ -198,25 +198,14 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
         cl = cl.model_copy(update={"inter_node": cl.inter_node.model_copy(
             update={"nic_bandwidth_bytes_per_s": float(value)})})
     elif dim == "seq_len":
-        m = get_model_like(m, seq_len=int(value))
+        m = with_overrides(m, f"model {m.name!r}", int(value), None)
     elif dim == "precision":
-        m = get_model_like(m, precision=str(value))
+        m = with_overrides(m, f"model {m.name!r}", None, str(value))
     elif dim == "global_batch":
         return replace(sc, global_batch=int(value), labels=sc.labels + ((dim, value),))
     elif dim == "compression":
         return replace(sc, compression=get_compression(value), labels=sc.labels + ((dim, value),))
     return replace(sc, model=m, cluster=cl, labels=sc.labels + ((dim, value),))
-
-
-def get_model_like(model: ModelSpec, **updates) -> ModelSpec:
-    """The model with seq_len / precision changed, validated (a bad precision is a one-line error)."""
-    from pydantic import ValidationError
-
-    try:
-        return ModelSpec.model_validate({**model.model_dump(), **updates})
-    except ValidationError as err:
-        e = err.errors()[0]
-        raise InputError(f"model {model.name!r}: field '{'.'.join(map(str, e['loc']))}': {e['msg']}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -99,13 +99,13 @@ def collective_time_s(profile: HardwareProfile, cluster: ClusterSpec, collective
     size = np.asarray(size, dtype=float)
     k = np.asarray(k, dtype=float)
     n_domains = np.asarray(n_domains, dtype=float)
-    lat = profile.collective_latency_s
+    lat = profile.latency_s(collective)
     if collective == "send_recv":
         intra = nbytes / (_intra_busbw(profile, cluster, "send_recv", nbytes)
                           if profile.curve("send_recv", "intra") else
                           LINK_EFFICIENCY * profile.nvlink_bandwidth_bytes_per_s.value)
         inter = nbytes / _inter_bw_per_gpu(cluster, n_domains, nbytes) + cluster.inter_node.latency_s
-        return np.where(n_domains > 1, inter, intra) + lat * 0.5
+        return np.where(n_domains > 1, inter, intra) + lat
     if collective == "all_reduce":
         f_intra, f_inter = 2 * (k - 1) / np.maximum(k, 1), 2 * (n_domains - 1) / np.maximum(n_domains, 1)
     else:
@@ -147,7 +147,7 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
     intra_bytes = token_bytes * topk * (k - 1.0) / np.maximum(size, 1.0) + inter_bytes * (k - 1.0) / np.maximum(k, 1.0)
     t_intra = intra_bytes / _intra_busbw(profile, cluster, "all_to_all", token_bytes * topk)
     t_inter = inter_bytes / _inter_bw_per_gpu(cluster, N, np.maximum(inter_bytes, 1.0), all_to_all=True)
-    t = np.maximum(t_intra, t_inter) + profile.collective_latency_s * np.where(N > 1, 2.0, 1.0)
+    t = np.maximum(t_intra, t_inter) + profile.latency_s("all_to_all") * np.where(N > 1, 2.0, 1.0)
     return np.where((size > 1) & (token_bytes > 0), t, 0.0)
 
 

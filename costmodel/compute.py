@@ -39,7 +39,9 @@ def gemm_efficiency(profile: HardwareProfile, dtype: str, min_dim) -> np.ndarray
         eff = eff * profile.calibration.fp4_gemm_efficiency
     # No achieved matmul efficiency in data/validation/gemm.csv exceeds 0.97 (Gaudi 2) and no NVIDIA one
     # 0.87: a calibration factor may not push a GEMM past that.
-    return np.minimum(eff, MAX_GEMM_EFFICIENCY)
+    # A measured profile (plan profile) whose peak is its own best GEMM rate sets its cap to 1.0.
+    cap = profile.gemm_efficiency_cap if profile.gemm_efficiency_cap is not None else MAX_GEMM_EFFICIENCY
+    return np.minimum(eff, cap)
 
 
 def gemm_time_s(profile: HardwareProfile, dtype: str, flops, min_dim) -> np.ndarray:

@@ -21,6 +21,7 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
 Scope = Literal["intra", "inter"]
 DType = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
+Kind = Literal["gpu", "host"]
 
 
 class InputError(ValueError):
@@ -62,6 +63,21 @@ class BusBwCurve(_Frozen):
         return self
 
 
+class GemmPoint(_Frozen):
+    """One measured GEMM shape (written by ``plan profile``)."""
+
+    dtype: DType
+    """Input dtype of the GEMM."""
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    """C[m, n] = A[m, k] @ B[k, n]."""
+    flops_per_s: float = Field(gt=0)
+    """Achieved rate: 2 m n k / time of one call."""
+    source: str
+    """Key into the sources table."""
+
+
 class Calibration(_Frozen):
     """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
 
@@ -92,6 +108,9 @@ class HardwareProfile(_Frozen):
 
     name: str
     """Canonical name (file stem)."""
+    kind: Kind = "gpu"
+    """gpu = an accelerator; host = the CPU processes of one machine, each standing for one 'GPU'
+    (a profile measured by ``plan profile`` with the gloo backend)."""
     aliases: tuple[str, ...] = ()
     """Other spellings that resolve to this profile (case-insensitive)."""
     sources: dict[str, str]
@@ -108,6 +127,13 @@ class HardwareProfile(_Frozen):
     """Best-shape achieved matmul efficiency (MAMF / peak) per dtype."""
     gemm_half_efficiency_dim: float = Field(default=512.0, gt=0)
     """Shape model: efficiency falls as d/(d + this) in the smallest GEMM dimension d."""
+    gemm_efficiency_cap: float | None = Field(default=None, gt=0, le=1)
+    """Largest fraction of peak_flops any GEMM may reach after calibration; None = the cost model's cap
+    for vendor peaks (costmodel.compute.MAX_GEMM_EFFICIENCY). 1.0 where peak_flops is itself the best
+    measured rate."""
+    gemm_points: tuple[GemmPoint, ...] = ()
+    """Measured GEMM rates by shape, where the profile was measured (the cost model uses the efficiency
+    curve fitted to them: gemm_max_efficiency and gemm_half_efficiency_dim)."""
     nvlink_bandwidth_bytes_per_s: Sourced
     """Unidirectional NVLink bandwidth per GPU."""
     nvlink_domain_gpus: int = Field(default=8, ge=1)
@@ -118,6 +144,8 @@ class HardwareProfile(_Frozen):
     """Unidirectional NIC bandwidth per GPU in the reference system."""
     collective_latency_s: float = Field(default=15e-6, ge=0)
     """Small-message latency of an NCCL collective inside the domain."""
+    collective_latency_by_op_s: dict[Collective, float] = {}
+    """Measured small-message latency per collective (overrides collective_latency_s for that one)."""
     curves: tuple[BusBwCurve, ...] = ()
     """Measured busbw curves."""
     gap_model: str = ""
@@ -132,6 +160,7 @@ class HardwareProfile(_Frozen):
         used += [s.source for s in self.peak_flops.values()]
         used += [s.source for s in self.gemm_max_efficiency.values()]
         used += [c.source for c in self.curves]
+        used += [g.source for g in self.gemm_points]
         missing = sorted({u for u in used if u not in self.sources})
         if missing:
             raise ValueError(f"source ids {missing} are not in the sources table")
@@ -151,6 +180,13 @@ class HardwareProfile(_Frozen):
             if d in self.gemm_max_efficiency:
                 return self.gemm_max_efficiency[d].value
         return 0.75
+
+    def latency_s(self, collective: str) -> float:
+        """Small-message latency of one collective inside the domain: the measured one where the profile
+        has it, else collective_latency_s (half of it for a point-to-point send/recv)."""
+        if collective in self.collective_latency_by_op_s:
+            return self.collective_latency_by_op_s[collective]
+        return self.collective_latency_s * (0.5 if collective == "send_recv" else 1.0)
 
     def curve(self, collective: str, scope: str) -> BusBwCurve | None:
         best = None
@@ -185,8 +221,17 @@ def profile_paths(root: Path = PROFILE_DIR) -> list[Path]:
     return sorted((root / "gpus").glob("*.yaml"))
 
 
-@lru_cache(maxsize=64)
 def _load_profile_file(path: Path) -> HardwareProfile:
+    """The profile in ``path``, parsed once per version of the file (a rewritten file is read again)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    return _parse_profile_file(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _parse_profile_file(path: Path, _mtime_ns: int, _size: int) -> HardwareProfile:
     data = _read_yaml(path)
     data.setdefault("name", path.stem)
     try:
@@ -213,6 +258,16 @@ def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile
     raise InputError(f"unknown GPU type {name_or_path!r}; valid: {', '.join(names)}")
 
 
+def _resolve_profile_path(data: dict, cluster_path: Path) -> None:
+    """A ``gpu:`` that names a profile file relative to the cluster file becomes an absolute path, so
+    that the cluster loads from any working directory (``plan profile`` writes such pairs)."""
+    gpu = data.get("gpu")
+    if isinstance(gpu, str) and Path(gpu).suffix in (".yaml", ".yml") and not Path(gpu).is_absolute():
+        beside = cluster_path.parent / gpu
+        if beside.exists():
+            data["gpu"] = str(beside.resolve())
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
     """A cluster YAML by path (or by name of a shipped file in hardware_profiles/clusters/)."""
     p = Path(path)
@@ -225,6 +280,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
             raise InputError(f"{path}: cluster file not found; shipped clusters: {', '.join(names)}")
     data = _read_yaml(p)
     data.setdefault("name", p.stem)
+    _resolve_profile_path(data, p)
     try:
         cluster = ClusterSpec.model_validate(data)
     except ValidationError as err:

@@ -5,6 +5,8 @@
     plan validate PATH.csv [--json OUT]              score the cost model against published runs
     plan capacity --model 70b --tokens 15T --cluster h100x512.yaml [--deadline 30d | --budget $10M]
     plan whatif --model 70b --cluster h100x512.yaml --vary gpus=256,512,1024 [--vary gpu=H100,B200]
+    plan profile --out hardware_profiles/NAME.yaml [--world-size 4] [--quick]   measure this machine
+    plan profile --import-nccl-tests LOG... (--into P.yaml | --out P.yaml [--base H100])
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.profiles import InputError
 
-SUBCOMMANDS = ("check", "validate", "capacity", "whatif")
+SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile")
 # Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
 EXHAUSTIVE_LIMIT = 50_000
 
@@ -459,6 +461,79 @@ def cmd_whatif(argv: list[str]) -> int:
                             decision, title)
 
 
+def cmd_profile(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan profile", description="Measure this machine (GEMMs, memory bandwidth, "
+                                 "collectives) into a hardware profile and a one-node cluster, or import nccl-tests logs.")
+    ap.add_argument("--out", help="profile YAML to write, e.g. hardware_profiles/NAME.yaml")
+    ap.add_argument("--cluster-out", help="one-node cluster YAML to write (default: OUT-cluster.yaml beside the profile)")
+    ap.add_argument("--name", help="profile name (default: the file stem of --out)")
+    ap.add_argument("--world-size", type=int, default=None, help="worker processes (default: the GPUs, else 2)")
+    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA, else gloo")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per CPU process (default: $PLAN_EXECUTOR_THREADS or 1, as the executor trains)")
+    ap.add_argument("--quick", action="store_true", help="a few shapes and sizes (smoke checks, tests)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="fail after this many seconds (default 900)")
+    ap.add_argument("--import-nccl-tests", nargs="+", metavar="LOG", help="nccl-tests output to take the busbw curves from")
+    ap.add_argument("--into", metavar="P.yaml", help="add the imported curves to this existing profile")
+    ap.add_argument("--base", metavar="PROFILE", help="with --import-nccl-tests --out: copy this profile's other numbers "
+                                                     "instead of measuring them")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    if bool(args.out) == bool(args.into):
+        raise InputError("plan profile needs exactly one of --out NEW.yaml or --into EXISTING.yaml")
+    if (args.into or args.base) and not args.import_nccl_tests:
+        raise InputError(f"{'--into' if args.into else '--base'} takes its curves from --import-nccl-tests LOG...")
+    if args.cluster_out and (args.into or args.base):
+        raise InputError("--cluster-out goes with a measurement (--out without --into/--base)")
+    import shlex
+
+    from executor import profile_build as pb
+    from executor.profile import ProfileError, default_config
+    from executor.profile_report import headline, summary, tables
+    from planner.report import console
+
+    command = "plan profile " + shlex.join(argv)
+    if args.into:
+        result = pb.import_into(Path(args.into), args.import_nccl_tests, command)
+    elif args.base:
+        result = pb.import_with_base(Path(args.out), args.base, args.import_nccl_tests, args.name or Path(args.out).stem,
+                                     command)
+    else:
+        cfg = default_config(args.world_size, args.quick, args.backend, args.threads,
+                             collectives=not args.import_nccl_tests, timeout_s=args.timeout)
+        try:
+            result = _with_steps(lambda progress: pb.measure_profile(
+                Path(args.out), Path(args.cluster_out) if args.cluster_out else None, cfg,
+                args.name or Path(args.out).stem, command, args.import_nccl_tests, progress),
+                cfg.steps, f"starting {cfg.world_size} {cfg.backend} workers", args.json)
+        except ProfileError as exc:
+            print(f"plan profile: error: {exc}", file=sys.stderr)
+            return 1
+    s = summary(result)
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    con = console()
+    for t in tables(s):
+        con.print(t)
+    con.print(headline(s))
+    return 0
+
+
+def _with_steps(run, total: int, first: str, quiet: bool):
+    """run(progress) with a rich progress bar on stderr that advances on each progress(message)."""
+    if quiet:
+        return run(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.report import console
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as prog:
+        task = prog.add_task(first, total=total)
+        return run(lambda msg: prog.update(task, advance=1, description=msg))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -470,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_capacity(argv[1:])
         if argv and argv[0] == "whatif":
             return cmd_whatif(argv[1:])
+        if argv and argv[0] == "profile":
+            return cmd_profile(argv[1:])
         return cmd_search(argv)
     except InputError as exc:
         print(f"plan: error: {exc}", file=sys.stderr)

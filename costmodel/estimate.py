@@ -244,8 +244,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     cp_exp_b = np.where(cp > 1, np.maximum(2 * t_cp_f - t_core_b, 0.0) + 0.1 * t_cp_f, 0.0)
 
     mb_f = compute.memory_bound_time_s(prof, mb_bytes_dense)
-    dense_f = t_attn_proj + t_mlp_dense + t_core_f + mb_f + t_tp_exposed + cp_exp_f
-    dense_b = 2 * (t_attn_proj + t_mlp_dense) + t_core_b + 2 * mb_f + t_tp_exposed + cp_exp_b
+    # Fixed host time per layer and micro-batch (kernel launches, Python): zero unless a profile's
+    # calibration measured it (executor runs on CPU hosts, where it dominates small models).
+    t_host = cal.layer_overhead_s
+    dense_f = t_attn_proj + t_mlp_dense + t_core_f + mb_f + t_tp_exposed + cp_exp_f + t_host
+    dense_b = 2 * (t_attn_proj + t_mlp_dense) + t_core_b + 2 * mb_f + t_tp_exposed + cp_exp_b + 2 * t_host
     dense_comm_f = t_tp + t_cp_f
     dense_comm_b = t_tp + 2 * t_cp_f
 
@@ -282,8 +285,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
         t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
-        moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed
-        moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed
+        moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed + t_host
+        moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed + 2 * t_host
     else:
         moe_f = moe_b = mb_moe = np.zeros(n)
         t_a2a = np.zeros(n)

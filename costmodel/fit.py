@@ -28,6 +28,8 @@ FACTORS: dict[str, tuple[float, float, tuple[float, float]]] = {
     "attention_efficiency": (1.0, 0.20, (0.4, 1.5)),
     "gemm_shape": (1.0, 0.70, (0.25, 4.0)),
     "a2a_time": (1.0, 0.50, (0.2, 5.0)),
+    # Seconds, not a multiplier: fitted in log space from a 1 ms start with a wide prior (CPU hosts only).
+    "layer_overhead_s": (1e-3, 3.0, (1e-6, 1.0)),
 }
 
 
@@ -66,6 +68,15 @@ def relevant_factors(measurements: list[Measurement]) -> list[str]:
     names += ["attention_efficiency", "gemm_shape"]
     if any(m.model.is_moe for m in measurements):
         names += ["moe_overhead", "a2a_time"]
+    return names
+
+
+def host_factors(measurements: list[Measurement]) -> list[str]:
+    """Factors for executor runs on CPU processes: GEMM rate, host overhead per layer, exposed gloo
+    communication, element-wise bandwidth (attention runs as plain GEMMs and softmax there)."""
+    names = ["gemm_efficiency", "layer_overhead_s", "comm_exposed", "memory_bound_efficiency"]
+    if any(m.model.is_moe for m in measurements):
+        names += ["moe_overhead"]
     return names
 
 

@@ -99,6 +99,9 @@ class Calibration(_Frozen):
     """Multiplier on the flash-attention efficiency."""
     a2a_time: float = Field(default=1.0, gt=0)
     """Multiplier on MoE dispatch/combine all-to-all time."""
+    layer_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed host time per transformer layer and micro-batch in the forward pass (twice that backward):
+    kernel launches and Python. Fitted only from executor measurements (``plan calibrate``); 0 otherwise."""
     fitted_by: str = "defaults (not fitted)"
     """Script and data that produced these factors."""
 

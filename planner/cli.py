@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.profiles import InputError
 
-SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile")
+SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune")
 # Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
 EXHAUSTIVE_LIMIT = 50_000
 
@@ -534,6 +534,92 @@ def _with_steps(run, total: int, first: str, quiet: bool):
         return run(lambda msg: prog.update(task, advance=1, description=msg))
 
 
+def _train_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default bf16)")
+    ap.add_argument("--data", default=None, help="tokens (.npy or raw uint16 .bin); default: a synthetic learnable task")
+
+
+def cmd_run(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan run", description="Train with a plan on megatron-core (torchrun on this "
+                                 "machine: one process per GPU, or per rank on CPU with gloo) and record every step.")
+    ap.add_argument("plan", help="plan.json written by `plan --out DIR`")
+    ap.add_argument("--run-dir", required=True, help="metrics.jsonl, summary.json, checkpoints/ and launch.log go here")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps; a rerun resumes from the last")
+    ap.add_argument("--timeout", type=float, default=None, help="stop the workers after this many seconds")
+    ap.add_argument("--json", action="store_true")
+    _train_args(ap)
+    args = ap.parse_args(argv)
+    from executor.launch import LaunchError, launch
+
+    try:
+        res = launch(args.plan, args.run_dir, steps=args.steps, dtype=args.dtype, data=args.data,
+                     checkpoint_every=args.checkpoint_every, timeout_s=args.timeout)
+    except LaunchError as e:
+        print(f"plan run: failed: {e}", file=sys.stderr)
+        return 1
+    s = res.summary
+    if args.json:
+        print(json.dumps({k: v for k, v in s.items() if k not in ("model", "plan", "cluster")}, indent=1))
+    else:
+        print(f"{s['steps']} steps on {s['device']}: {s['step_time_s'] * 1e3:.1f} ms/step (median after the first), "
+              f"{s['tokens_per_s']:.0f} tokens/s, loss {s['first_loss']:.4f} -> {s['final_loss']:.4f}, "
+              f"peak memory {s['peak_memory_bytes'] / 2**20:.0f} MiB; {args.run_dir}/metrics.jsonl")
+    return 0
+
+
+def cmd_calibrate(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan calibrate", description="Fit a hardware profile's efficiency factors "
+                                 "to measured executor runs (scipy least squares) and write a calibrated copy.")
+    ap.add_argument("--measurements", nargs="+", required=True, help="run directories or their metrics.jsonl")
+    ap.add_argument("--profile", required=True, help="profile YAML (or a shipped GPU name) to calibrate")
+    ap.add_argument("--out", required=True, help="calibrated profile YAML to write")
+    ap.add_argument("--cluster", default=None, help="cluster the runs ran on (default: the one in each run's plan)")
+    ap.add_argument("--factors", default=None, help="comma list of factors to fit (default: by profile kind)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from executor.calibrate import run_calibrate
+
+    factors = args.factors.split(",") if args.factors else None
+    report = run_calibrate(args.measurements, args.profile, args.out, cluster_path=args.cluster, factors=factors)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    from executor.report import calibration_table
+
+    calibration_table(report)
+    return 0
+
+
+def cmd_autotune(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="plan autotune", description="Plan, run the top plans for a few steps, "
+                                 "calibrate on the measurements, re-plan, and launch the best measured plan.")
+    _common(ap)
+    ap.add_argument("--trial-steps", type=int, default=4, help="steps per trial run (the first is warm-up)")
+    ap.add_argument("--top-k", type=int, default=4, help="plans to try")
+    ap.add_argument("--steps", type=int, default=20, help="steps of the full run of the winner (0: no full run)")
+    ap.add_argument("--run-dir", default="runs/autotune")
+    ap.add_argument("--profile", default=None, help="hardware profile to start from (default: the cluster's)")
+    _train_args(ap)
+    args = ap.parse_args(argv)
+    from costmodel.profiles import load_profile
+    from executor.autotune import autotune, result_json
+    from executor.report import autotune_table
+    from planner.space import default_global_batch
+
+    model, cluster = _model_cluster(args)
+    gb = args.global_batch or default_global_batch(model, cluster.num_gpus)
+    prof = load_profile(args.profile) if args.profile else None
+    say = (lambda msg: None) if args.json else (lambda msg: print(msg, flush=True))
+    res = autotune(model, cluster, global_batch=gb, run_dir=args.run_dir, trial_steps=args.trial_steps,
+                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say)
+    if args.json:
+        print(json.dumps(result_json(res), indent=1))
+    else:
+        autotune_table(res)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -545,6 +631,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_capacity(argv[1:])
         if argv and argv[0] == "whatif":
             return cmd_whatif(argv[1:])
+        if argv and argv[0] == "run":
+            return cmd_run(argv[1:])
+        if argv and argv[0] == "calibrate":
+            return cmd_calibrate(argv[1:])
+        if argv and argv[0] == "autotune":
+            return cmd_autotune(argv[1:])
         if argv and argv[0] == "profile":
             return cmd_profile(argv[1:])
         return cmd_search(argv)

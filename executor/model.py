@@ -1,0 +1,161 @@
+"""A megatron-core GPT built from a plan: config, model chunks, and a layout-independent initialisation.
+
+torch and megatron-core are imported inside the functions, so importing this module stays cheap.
+
+``canonical_init`` gives every parameter the values of the same full (unsharded) tensor, drawn from a
+generator seeded by the parameter's layout-independent name, and keeps this rank's slice of it. Any
+layout of the same model therefore starts from the same function, which is what lets the tests compare
+the loss curves of TP, PP, VPP, DP and EP runs against a one-process run.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+import zlib
+from typing import Any
+
+from costmodel.specs import ModelSpec, ParallelPlan
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16", **overrides: Any):
+    """megatron-core's TransformerConfig for a plan, the way Megatron-LM's arguments build it.
+
+    ``dtype`` is the training dtype (fp32, bf16, fp16); ``overrides`` set any other config field.
+    """
+    import torch
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    from planner.split import megatron_layout
+
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    kw: dict[str, Any] = dict(
+        num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
+        ffn_hidden_size=model.ffn_hidden, kv_channels=model.head_width,
+        num_query_groups=model.kv_heads or model.heads, gated_linear_unit=model.gated_mlp,
+        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
+        context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel and plan.tp > 1,
+        bf16=dtype == "bf16", fp16=dtype == "fp16", params_dtype=torch_dtype, pipeline_dtype=torch_dtype,
+    )
+    if plan.vpp > 1:
+        kw["virtual_pipeline_model_parallel_size"] = plan.vpp
+    if plan.layers_per_stage is not None:
+        kw["pipeline_model_parallel_layout"] = megatron_layout(plan.layers_per_stage, plan.vpp)
+    if model.is_moe:
+        kw.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
+                  moe_ffn_hidden_size=model.expert_ffn, expert_model_parallel_size=plan.ep,
+                  expert_tensor_parallel_size=plan.etp, moe_grouped_gemm=True,
+                  moe_token_dispatcher_type="alltoall")
+        if model.shared_experts:
+            kw["moe_shared_expert_intermediate_size"] = model.shared_experts * model.expert_ffn
+        if model.dense_layers:
+            kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
+    if plan.recompute == "full":
+        layers = plan.recompute_layers
+        kw.update(recompute_granularity="full", recompute_method="uniform" if layers is None else "block",
+                  recompute_num_layers=1 if layers is None else max(1, layers))
+    elif plan.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    cls = TransformerConfig
+    if model.mla_kv_lora_rank:
+        cls = MLATransformerConfig
+        kw.update(multi_latent_attention=True, q_lora_rank=model.mla_q_lora_rank, kv_lora_rank=model.mla_kv_lora_rank,
+                  qk_head_dim=model.head_width, qk_pos_emb_head_dim=model.mla_rope_dim,
+                  v_head_dim=model.mla_v_head_dim or model.head_width)
+        kw.pop("kv_channels")
+    kw.update(overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(**kw)
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron-LM's vocabulary padding (``--make-vocab-size-divisible-by 128`` times tp)."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+def build_chunks(model: ModelSpec, plan: ParallelPlan, config, *, vocab_size: int) -> list:
+    """The GPTModel chunks this rank holds (one per virtual pipeline stage), local layer spec
+    (Transformer Engine's spec when it is installed)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    try:
+        import transformer_engine  # noqa: F401
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(model.num_experts or None,
+                                                          moe_grouped_gemm=config.moe_grouped_gemm)
+    except ImportError:
+        spec = get_gpt_layer_local_spec(model.num_experts or None, moe_grouped_gemm=config.moe_grouped_gemm,
+                                        normalization=config.normalization)
+    chunks = []
+    for vp in range(plan.vpp):
+        vp_stage = vp if plan.vpp > 1 else None
+        chunks.append(GPTModel(
+            config=config, transformer_layer_spec=spec, vocab_size=vocab_size,
+            max_sequence_length=model.seq_len,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="learned_absolute" if model.learned_position_embeddings else "rope",
+            vp_stage=vp_stage,
+        ))
+    return chunks
+
+
+_LAYER = re.compile(r"(^|\.)decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+
+
+def _canonical_name(chunk, name: str, ep_rank: int, local_experts: int) -> str:
+    """The parameter's name in a one-process model: global layer number, global expert index."""
+    m = _LAYER.search(name)
+    if m:
+        layer = chunk.decoder.layers[int(m.group(2))].layer_number
+        name = name[:m.start(2)] + str(layer) + name[m.end(2):]
+    e = _EXPERT.search(name)
+    if e:
+        name = name[:e.start(1)] + str(ep_rank * local_experts + int(e.group(1))) + name[e.end(1):]
+    return name
+
+
+def canonical_init(chunks: list, *, seed: int, std: float = 0.02, gated: bool = False) -> None:
+    """Set every parameter to this rank's slice of a full tensor drawn from its canonical name."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+    etp_rank, etp = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
+    ep_rank = ps.get_expert_model_parallel_rank()
+    with torch.no_grad():
+        for chunk in chunks:
+            local_experts = getattr(chunk.config, "num_moe_experts", None) or 0
+            local_experts //= max(1, ps.get_expert_model_parallel_world_size())
+            for name, p in chunk.named_parameters():
+                cname = _canonical_name(chunk, name, ep_rank, local_experts)
+                expert = ".local_experts." in name or ".experts." in name
+                rank, size = (etp_rank, etp) if expert else (tp_rank, tp)
+                split = getattr(p, "tensor_model_parallel", False) and size > 1
+                dim = getattr(p, "partition_dim", 0) if split else 0
+                shape = list(p.shape)
+                if split:
+                    shape[dim] *= size
+                if "norm" in cname and cname.endswith("weight"):
+                    full = torch.ones(shape)
+                elif cname.endswith("bias"):
+                    full = torch.zeros(shape)
+                else:
+                    g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(cname.encode()))
+                    full = torch.randn(shape, generator=g) * std
+                if split:
+                    if gated and "linear_fc1" in cname:
+                        gate, up = full.chunk(2, dim=dim)
+                        full = torch.cat([gate.chunk(size, dim=dim)[rank], up.chunk(size, dim=dim)[rank]], dim=dim)
+                    else:
+                        full = full.chunk(size, dim=dim)[rank]
+                p.copy_(full.to(p.dtype))

@@ -1,0 +1,75 @@
+"""Tables and plots of executor results: calibration before/after, autotune trials, predicted vs measured."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.1f}"
+
+
+def calibration_table(report: dict) -> None:
+    t = Table(title=f"calibration of {report['profile']} on {report['measurements']} runs")
+    for col in ("plan", "measured ms", "before ms", "after ms"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for r in report["runs"]:
+        t.add_row(r["plan"], _ms(r["measured_s"]), _ms(r["before_s"]), _ms(r["after_s"]))
+    console.print(t)
+    values = ", ".join(f"{k}={v:g}" for k, v in report["values"].items())
+    console.print(f"fitted {values}\nstep-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
+                  + (f"; written to {report['out']}" if report.get("out") else ""))
+
+
+def autotune_table(res) -> None:
+    from executor.autotune import plan_label
+
+    t = Table(title="autotune: predicted, measured, re-predicted after calibration")
+    for col in ("#", "plan", "predicted ms", "measured ms", "calibrated ms", "note"):
+        t.add_column(col, justify="left" if col in ("plan", "note") else "right")
+    for i, tr in enumerate(res.trials, 1):
+        note = "winner" if tr is res.winner else (tr.error[:60] if tr.error else "")
+        t.add_row(str(i), plan_label(tr.plan), _ms(tr.predicted_s), _ms(tr.measured_s if not tr.error else None),
+                  _ms(tr.calibrated_s), note)
+    console.print(t)
+    console.print(f"winner: {plan_label(res.winner.plan)}: {res.reason}")
+    if res.final:
+        f = res.final
+        console.print(f"full run: {f['steps']} steps, {_ms(f['step_time_s'])} ms/step, loss {f['first_loss']:.4f} -> "
+                      f"{f['final_loss']:.4f}")
+
+
+def scatter_png(path: str, measured_s, predicted_s, labels, *, fitted_mask=None, title: str = "") -> None:
+    """Predicted against measured step time (log-log), runs used for the fit drawn apart from held-out ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    m, p = np.asarray(measured_s) * 1e3, np.asarray(predicted_s) * 1e3
+    fit = np.zeros(len(m), bool) if fitted_mask is None else np.asarray(fitted_mask, bool)
+    fig, ax = plt.subplots(figsize=(6.4, 5.6))
+    lo, hi = min(m.min(), p.min()) * 0.8, max(m.max(), p.max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+    ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="grey", alpha=0.12, label="±20%")
+    ax.scatter(m[fit], p[fit], marker="o", facecolors="none", edgecolors="C0", label="calibration runs")
+    ax.scatter(m[~fit], p[~fit], marker="o", color="C1", label="held-out runs")
+    for x, y, lab in zip(m, p, labels):
+        ax.annotate(lab, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -476,7 +476,8 @@ def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacit
     s_star, s_free = _min_sum(cost, np.array([t_star, np.inf]))
     best_val, best_t, exact = alpha * t_star + beta * s_star, t_star, True
     # Thresholds that could still win: alpha*T + beta*s_free < best_val.
-    cand = np.unique(cost[(cost > t_star) & (alpha * cost + beta * s_free < best_val)])
+    finite = cost[np.isfinite(cost)]
+    cand = np.unique(finite[(finite > t_star) & (alpha * finite + beta * s_free < best_val)])
     for rounds, k in enumerate(range(0, len(cand), SPLIT_BATCH)):
         ts = cand[k: k + SPLIT_BATCH]
         ts = ts[alpha * ts + beta * s_free < best_val]

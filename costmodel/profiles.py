@@ -292,6 +292,11 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         load_profile(cluster.gpu)
     except InputError as err:
         raise InputError(f"{p}: field 'gpu': {err}") from None
+    for i, group in enumerate(cluster.device_groups):
+        try:
+            load_profile(group.gpu)
+        except InputError as err:
+            raise InputError(f"{p}: field 'device_groups.{i}.gpu': {err}") from None
     return cluster
 
 

@@ -359,18 +359,28 @@ def format_findings(findings: Iterable[Finding]) -> list[str]:
 
 
 def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
-             moe_imbalance: float = 1.0) -> list[Finding]:
+             moe_imbalance: float = 1.0, routing=None, placement: str = "contiguous") -> list[Finding]:
     """Findings for one plan, warnings first. A plan inside every band gets infos only.
 
     The plan's own validity is not checked here (``plan check`` runs ``costmodel.rules.check_plan``
     first); every alternative it proposes is valid for ``cluster.num_gpus`` and fits in memory.
     ``moe_imbalance`` (hottest expert rank's load over the mean) scores the plan and every alternative.
+    ``routing`` (a measured histogram, planner.routing.Routing) replaces it: the plan and every alternative
+    get the load their ep and ``placement`` give, and the expert finding reports the measured load with the
+    better placement or ep and the capacity factor that would bound it.
     Cost: one ``estimate`` call (two with an expert imbalance) plus one vectorised call over at most MAX_CANDIDATES plans.
     """
     prof = load_profile(cluster.gpu)
     dtype = gemm_dtype(model.precision)
     peak = prof.peak(dtype)
-    est = estimate(model, cluster, plan, profile=prof, moe_imbalance=moe_imbalance)
+    load = routing.load(plan.ep, placement) if (routing is not None and model.is_moe) else None
+    if load is not None:
+        from costmodel.routing import estimate_one_routed
+
+        moe_imbalance = load.time_factor
+        est = estimate_one_routed(model, cluster, plan, load, profile=prof)
+    else:
+        est = estimate(model, cluster, plan, profile=prof, moe_imbalance=moe_imbalance)
     base = _base_figures(est, plan, peak)
     step0 = base["step_time_s"]
 
@@ -379,8 +389,12 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     alts = [c.plan for c in cands]
     figs = None
     if alts:
-        out = estimate_arrays(model, cluster, PlanArrays.from_plans([_filled(model, p) for p in alts]),
-                              profile=prof, framework=plan.framework, moe_imbalance=moe_imbalance)
+        arrays = PlanArrays.from_plans([_filled(model, p) for p in alts])
+        if load is not None:
+            out = routing.scorer(placement)(model, cluster, arrays, profile=prof, framework=plan.framework)
+        else:
+            out = estimate_arrays(model, cluster, arrays, profile=prof, framework=plan.framework,
+                                  moe_imbalance=moe_imbalance)
         figs = _Figures(out, alts, peak)
         # Keep suggestions minimal: a structural move changes micro_batch / recompute too only when the
         # move alone does not fit (or is not valid).
@@ -487,7 +501,11 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                              f"{peak / 1e12:.0f} TFLOP/s per GPU while computing)", idx,
                              "no neighbouring plan computes more efficiently and faster"))
 
-    if model.is_moe and moe_imbalance > THRESHOLDS["expert_imbalance"]:
+    if load is not None:
+        found.append(_routing_finding(model, cluster, plan, routing, placement, load, step0, prof,
+                                      [(alts[i], float(figs.step[i])) for i in range(len(alts))
+                                       if figs.fits[i] and minimal[i] and figs.step[i] < step0] if figs else []))
+    elif model.is_moe and moe_imbalance > THRESHOLDS["expert_imbalance"]:
         bal = estimate(model, cluster, plan, profile=prof, moe_imbalance=1.0)
         found.append(Finding(
             kind="expert_imbalance", severity="warn",
@@ -502,3 +520,63 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
 
     found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
     return found
+
+
+# Measured routing ------------------------------------------------------------------------------------
+
+
+CAPACITY_FACTOR_HINT = 1.25
+"""Capacity factor quoted when none is set (Megatron-LM MoE examples use 1.0-1.25)."""
+
+
+def _routing_finding(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, routing, placement: str, load,
+                     step0: float, prof, faster: list[tuple[ParallelPlan, float]]) -> Finding:
+    """The measured expert load of the plan, and the better placement or expert-parallel degree if any."""
+    from costmodel.routing import dropped_fraction, estimate_one_routed, expert_load, top_share
+
+    f0 = load.time_factor
+    E = model.num_experts
+    k = max(1, E // 16)
+    msg = (f"routing histogram: hottest EP rank gets {f0:.2f}x the mean token load per layer (worst layer "
+           f"{load.worst_layer}: {load.worst_layer_factor:.2f}x; {load.memory_factor:.2f}x over the layers, which "
+           f"sets the memory peak) with ep={plan.ep} and {placement} placement; the {k} hottest of {E} experts get "
+           f"{100 * top_share(routing.fractions, k):.0f}% of the routed tokens")
+    if load.capacity_factor is not None:
+        msg += f"; capacity factor {load.capacity_factor:g} drops {100 * load.dropped_fraction:.1f}% of them"
+    options: list[tuple[float, float, str, ParallelPlan | None]] = []   # (step, factor, text, alternative)
+    best = routing.load(plan.ep)
+    if best.placement != placement and best.time_factor < f0 * (1 - MIN_IMPROVEMENT):
+        step = estimate_one_routed(model, cluster, plan, best, profile=prof).step_time_s
+        options.append((step, best.time_factor, f"place experts by load ({best.placement}: permute the experts of "
+                                                f"the checkpoint)", None))
+    ep_opts = []
+    for alt, step in faster:
+        f1 = routing.load(alt.ep, placement).time_factor
+        if alt.ep != plan.ep and f1 < f0 * (1 - MIN_IMPROVEMENT):
+            ep_opts.append((step, f1, describe_change(model, plan, alt), alt))
+    if ep_opts:
+        options.append(min(ep_opts, key=lambda o: o[0]))
+    cap_text = ""
+    if load.capacity_factor is None:
+        capped = expert_load(routing.fractions, plan.ep, placement, CAPACITY_FACTOR_HINT)
+        cap_text = (f"; a capacity factor of {CAPACITY_FACTOR_HINT:g} would cap the hottest rank at "
+                    f"{capped.time_factor:.2f}x the balanced load but drop "
+                    f"{100 * dropped_fraction(routing.fractions, CAPACITY_FACTOR_HINT):.1f}% of routed tokens")
+    severity = "warn" if f0 > THRESHOLDS["expert_imbalance"] else "info"
+    if options:
+        step, f1, text, alt = min(options, key=lambda o: o[0])
+        if step < step0:
+            return Finding(kind="expert_imbalance", severity=severity, message=msg, suggestion=f"{text}{cap_text}",
+                           predicted={"moe_imbalance": [f0, f1], "step_time_s": [step0, step]},
+                           gain=step / step0 - 1.0, alternative=alt)
+    if severity == "info":
+        return Finding(kind="expert_imbalance", severity="info", message=msg,
+                       suggestion=f"none needed: within {100 * (THRESHOLDS['expert_imbalance'] - 1):.0f}% of "
+                                  f"balanced routing",
+                       predicted={"moe_imbalance": [f0, f0], "step_time_s": [step0, step0]})
+    bal = estimate(model, cluster, plan, profile=prof, moe_imbalance=1.0)
+    return Finding(kind="expert_imbalance", severity=severity, message=msg,
+                   suggestion=f"balance the router (auxiliary load-balancing loss or aux-loss-free expert bias)"
+                              f"{cap_text}",
+                   predicted={"moe_imbalance": [f0, 1.0], "step_time_s": [step0, bal.step_time_s]},
+                   gain=bal.step_time_s / step0 - 1.0)

@@ -79,6 +79,7 @@ def cmd_search(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
+    _routing_args(ap, placement_default="best")
     args = ap.parse_args(argv)
     from planner.report import console, plan_row, ranked_table
     from planner.search import exhaustive, optuna_search
@@ -92,6 +93,14 @@ def cmd_search(argv: list[str]) -> int:
     # The vectorised cost model scores a few thousand layouts in well under a second, faster and exactly;
     # Optuna is used when asked for (sampler, several objectives, storage) or when the space is large.
     wants_optuna = bool(args.sampler or args.storage or args.trials or objectives != ("time",))
+    routing = _load_routing(args, model)
+    if (routing is not None or cluster.device_groups) and wants_optuna:
+        raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
+                         "--storage, --trials and --objectives")
+    if cluster.device_groups:
+        return _search_hetero(args, model, cluster, gbs, routing)
+    if routing is not None:
+        return _search_routed(args, model, cluster, gbs, routing)
     if args.exhaustive or not wants_optuna:
         from planner.space import valid_plans
 
@@ -164,19 +173,19 @@ def best_plan(res):
     return plan
 
 
-def _write_plan_dir(out: str, model, cluster, plan) -> None:
+def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:
     """Outputs of one plan; the figure is drawn first so that a failure leaves nothing behind."""
     from costmodel.estimate import estimate
     from planner.outputs import write_outputs
     from planner.report import save_report_png
 
-    est = estimate(model, cluster, plan)
+    est = est or estimate(model, cluster, plan)
     fd, tmp_png = tempfile.mkstemp(suffix=".png")
     os.close(fd)
     try:
         save_report_png(tmp_png, est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                       f"dp{plan.dp} cp{plan.cp} ep{plan.ep}", plan.num_microbatches)
-        write_outputs(out, model, cluster, plan, est)
+        write_outputs(out, model, cluster, plan, est, extra=extra)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_png, 0o666 & ~umask)
@@ -195,6 +204,8 @@ def cmd_check(argv: list[str]) -> int:
     ap.add_argument("--recompute-layers", type=int, default=None)
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
+    ap.add_argument("--group", help="with a cluster of device groups: check the layout on this group alone")
+    _routing_args(ap, placement_default="contiguous")
     args = ap.parse_args(argv)
     from costmodel.estimate import estimate
     from costmodel.rules import check_plan
@@ -203,6 +214,8 @@ def cmd_check(argv: list[str]) -> int:
     from planner.space import default_global_batch
 
     model, cluster = _model_cluster(args)
+    cluster = _check_cluster(cluster, args.group)
+    routing = _load_routing(args, model, restrict=False)
     dp = args.dp or max(1, cluster.num_gpus // (args.tp * args.pp * args.cp))
     gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
     plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
@@ -211,16 +224,26 @@ def cmd_check(argv: list[str]) -> int:
                         distributed_optimizer=not args.no_distributed_optimizer,
                         zero_stage=0 if args.no_distributed_optimizer else 1)
     check_plan(model, plan, cluster.num_gpus)
-    est = estimate(model, cluster, plan)
+    placement = None if args.placement == "best" else args.placement
+    load = routing.load(plan.ep, placement) if routing is not None else None
+    if load is not None:
+        from costmodel.routing import estimate_one_routed
+
+        est = estimate_one_routed(model, cluster, plan, load)
+    else:
+        est = estimate(model, cluster, plan)
     from costmodel.comm import group_links
 
     from planner.check import diagnose, format_findings
 
     links = group_links(cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
-    findings = diagnose(model, cluster, plan)
+    findings = diagnose(model, cluster, plan, routing=routing, placement=load.placement if load else "contiguous")
     if args.json:
-        print(json.dumps({"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
-                          "findings": [f.model_dump() for f in findings]}, indent=1))
+        out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
+               "findings": [f.model_dump() for f in findings]}
+        if load is not None:
+            out["routing"] = {**routing.summary(), "load": load.summary()}
+        print(json.dumps(out, indent=1))
         return 0
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
@@ -232,6 +255,140 @@ def cmd_check(argv: list[str]) -> int:
         con.print(f"[{colour}]{f.severity}[/{colour}]: {line}")
     if not findings:
         con.print("no findings: every checked figure is in its healthy range")
+    return 0
+
+
+def _routing_args(ap: argparse.ArgumentParser, placement_default: str) -> None:
+    ap.add_argument("--routing", metavar="FILE", help="MoE routing histogram (JSON/YAML, key moe_routing_histogram: "
+                                                      "token counts per layer and expert; a run's summary.json or "
+                                                      "its directory)")
+    ap.add_argument("--placement", choices=("best", "contiguous", "lpt"), default=placement_default,
+                    help=f"expert placement on the EP ranks with --routing (default {placement_default}; contiguous "
+                         f"is Megatron's, lpt balances the measured load)")
+    ap.add_argument("--capacity-factor", type=float, default=None,
+                    help="MoE expert capacity factor with --routing (tokens over it are dropped)")
+
+
+def _load_routing(args, model, restrict: bool = True):
+    """The histogram of --routing; with ``restrict`` a --placement other than best limits the placements searched."""
+    if not args.routing:
+        if args.capacity_factor is not None:
+            raise InputError("--capacity-factor needs --routing FILE (the histogram it applies to)")
+        return None
+    from costmodel.routing import PLACEMENTS
+    from planner.routing import load_routing
+
+    places = PLACEMENTS if (args.placement == "best" or not restrict) else (args.placement,)
+    return load_routing(args.routing, model, capacity_factor=args.capacity_factor, placements=places)
+
+
+def _check_cluster(cluster, group: str | None):
+    """plan check runs on one homogeneous cluster: a device group of a heterogeneous one with --group."""
+    if not cluster.device_groups:
+        if group:
+            raise InputError(f"--group {group}: cluster {cluster.name} has no device_groups")
+        return cluster
+    from costmodel.hetero import group_clusters
+
+    groups = group_clusters(cluster)
+    if group not in groups:
+        raise InputError(f"{cluster.name} has device groups ({', '.join(groups)}): plan check takes one with "
+                         f"--group NAME, or use plan --cluster {cluster.name} to place stages on the groups")
+    return groups[group]
+
+
+def _search_routed(args, model, cluster, gbs: int, routing) -> int:
+    """plan --routing on a homogeneous cluster: ep, etp and placement searched under the histogram."""
+    from planner.report import console, plan_row, ranked_table
+    from planner.routing import routed_search, routing_lines
+
+    rs = routed_search(model, cluster, gbs, routing)
+    res = rs.result
+    if res.evaluated == 0:
+        raise InputError(f"no layout of {model.name} on {cluster.num_gpus} GPUs with global batch {gbs} passes "
+                         f"Megatron's rules")
+    rows = [plan_row(res, r) for r in range(min(args.top, len(res.order)))]
+    for r, row in zip(range(len(rows)), rows):
+        load = rs.load_of(int(res.order[r]))
+        row["expert_load"] = {k: v for k, v in load.summary().items() if k != "experts_by_rank"}
+    best = rs.load_of(int(res.order[0]))
+    if args.out and res.any_fits:
+        from costmodel.routing import estimate_one_routed
+
+        plan = res.split_plan(0)
+        _write_plan_dir(args.out, model, cluster, plan, estimate_one_routed(model, cluster, plan, best),
+                        extra={"routing": {**routing.summary(), "load": best.summary()}})
+    if args.json:
+        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs, "search": "exhaustive",
+                          "evaluated": res.evaluated, "routing": {**routing.summary(), "load": best.summary()},
+                          "plans": rows}, indent=1))
+        return 0 if res.any_fits else 1
+    con = console()
+    con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), global batch "
+                                 f"{gbs} x {model.seq_len} tokens; {res.evaluated} layouts (with etp) scored under "
+                                 f"the routing histogram"))
+    for line in routing_lines(rs):
+        con.print(line)
+    if not res.any_fits:
+        con.print("[red]no layout fits[/red]")
+        return 1
+    return 0
+
+
+def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
+    """plan on a cluster with device_groups: stages placed on the groups (planner/hetero.py)."""
+    from planner.hetero import comparison, hetero_search, plan_dict, write_hetero_outputs
+    from planner.report import console, group_table, hetero_table, stage_balance_table
+
+    kw = dict(top=args.top, scorer=routing.scorer() if routing else None, cost=routing.cost if routing else None)
+    if args.json:
+        res = hetero_search(model, cluster, gbs, **kw)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("placing stages on device groups"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console(stderr=True), transient=True) as prog:
+            task = prog.add_task("hetero", total=None)
+            res = hetero_search(model, cluster, gbs, progress=lambda d, t: prog.update(task, completed=d, total=t),
+                                **kw)
+    if not res.ranked:
+        raise InputError(f"no layout of {model.name} ({model.layers} layers) on the device groups of {cluster.name} "
+                         f"with global batch {gbs} passes Megatron's rules; try another global batch")
+    plans = [plan_dict(s) for s in res.ranked[: args.top]]
+    cmp = comparison(res, model, cluster) if res.any_fits else {}
+    launch = res.best_launchable()
+    if args.out:
+        if launch is None:
+            raise InputError(f"{args.out}: no plan that fits can run as one Megatron job; nothing written")
+        write_hetero_outputs(args.out, model, cluster, launch)
+    if args.json:
+        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs,
+                          "search": "heterogeneous", "counts": res.counts, "plans": plans, "comparison": cmp,
+                          "best_launchable": plan_dict(launch) if launch else None}, indent=1))
+        return 0 if res.any_fits else 1
+    con = console()
+    sizes = ", ".join(f"{g.name}: {g.num_gpus} x {g.gpu}" for g in cluster.device_groups)
+    con.print(hetero_table(plans, f"{model.name} on {cluster.name} ({sizes}), global batch {gbs} x {model.seq_len} "
+                                  f"tokens; {res.counts['valid']} mixed layouts, {res.counts['scored']} split and "
+                                  f"scored exactly"))
+    if not res.any_fits:
+        con.print("[red]no layout fits in memory on these groups[/red]")
+        return 1
+    best = plans[0]
+    con.print(stage_balance_table(best, f"stage balance of #1: {best['layout']}"))
+    con.print(group_table(best["estimate"]["groups"], "device groups in #1"))
+    if best["launch_issue"]:
+        con.print(f"#1 is not one Megatron job: {best['launch_issue']}")
+    if launch is not None and launch is not res.ranked[0]:
+        con.print(f"best plan one Megatron job can run: #{res.ranked.index(launch) + 1} {plan_dict(launch)['layout']} "
+                  f"({launch.est.step_time_s:.3f} s)")
+    for g, v in cmp["alone"].items():
+        con.print(f"{g} alone: " + (f"{v['layout']}, {v['step_time_s']:.3f} s" if v else "nothing fits"))
+    if cmp["uniform"]:
+        con.print(f"uniform split over all GPUs: {cmp['uniform']['layout']}, {cmp['uniform']['step_time_s']:.3f} s "
+                  f"(#1 is {cmp['speedup_vs_uniform']:.2f}x faster)")
+    if "slow_group_effect" in cmp:
+        con.print(cmp["slow_group_effect"])
     return 0
 
 

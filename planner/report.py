@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from costmodel.estimate import BREAKDOWN_KEYS
@@ -40,6 +41,8 @@ def layout(p: dict) -> str:
         parts.append(f"cp{p['cp']}")
     if p["ep"] > 1:
         parts.append(f"ep{p['ep']}")
+    if p.get("etp", 1) > 1:
+        parts.append(f"etp{p['etp']}")
     return " ".join(parts)
 
 
@@ -91,6 +94,50 @@ def validation_tables(summary: dict) -> list[Table]:
                       fmt(st["p90_ape"]), style="bold" if name == "all" else None)
         out.append(t)
     return out
+
+
+def hetero_table(plans: list[dict], title: str) -> Table:
+    """Ranked plans of a heterogeneous cluster (rows of planner.hetero.plan_dict)."""
+    t = Table(title=title, header_style="bold")
+    for col, just in (("#", "right"), ("stages (group x count (degrees))", "left"), ("layers", "left"),
+                      ("B", "right"), ("recompute", "left"), ("step s", "right"), ("tok/s/GPU", "right"),
+                      ("MFU", "right"), ("memory", "right"), ("one job", "left")):
+        t.add_column(escape(col), justify=just)
+    for i, d in enumerate(plans):
+        e = d["estimate"]
+        mem = max(pk / c for pk, c in zip(e["peak_memory_bytes"], e["memory_capacity_bytes"]))
+        launch = "yes" if d["launchable"] else f"[yellow]no ({d['launch_issue'].split()[0]})[/yellow]"
+        tag = "" if d["kind"] == "mixed" else f" [{d['kind']}]"
+        t.add_row(str(i + 1), escape(d["layout"] + tag), "/".join(str(x) for x in d["plan"]["layers_per_stage"]),
+                  str(d["plan"]["micro_batch_sequences"]), d["plan"]["recompute"], f"{e['step_time_s']:.3f}",
+                  f"{e['tokens_per_s_per_gpu']:.0f}", f"{e['mfu'] * 100:.1f}%",
+                  f"{mem * 100:.0f}%" if e["fits"] else "[red]no fit[/red]", launch)
+    return t
+
+
+def stage_balance_table(d: dict, title: str) -> Table:
+    """Per pipeline stage of one plan: group, degrees, layers, time per micro-batch, memory."""
+    t = Table(title=title, header_style="bold")
+    for col in ("stage", "group", "tp", "dp", "mbs", "layers", "ms / micro-batch", "peak GB", "capacity GB"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    slowest = max(s["stage_time_s"] for s in d["stages"])
+    for s in d["stages"]:
+        style = "bold" if s["stage_time_s"] == slowest else None
+        t.add_row(str(s["stage"]), s["group"], str(s["tp"]), str(s["dp"]), str(s["micro_batch"]), str(s["layers"]),
+                  f"{s['stage_time_s'] * 1e3:.1f}", f"{s['peak_memory_bytes'] / GB:.1f}",
+                  f"{s['memory_capacity_bytes'] / GB:.1f}", style=style)
+    return t
+
+
+def group_table(groups: dict[str, dict], title: str) -> Table:
+    """Per device group of one plan: GPUs used, stages, layers, busy share of the step, MFU."""
+    t = Table(title=title, header_style="bold")
+    for col in ("group", "GPUs used", "stages", "layers", "busy", "MFU"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    for g, v in groups.items():
+        t.add_row(g, f"{v['gpus_used']:.0f} of {v['gpus_total']:.0f}", f"{v['stages']:.0f}", f"{v['layers']:.0f}",
+                  f"{100 * v['busy_fraction']:.0f}%", f"{100 * v['mfu']:.1f}%")
+    return t
 
 
 def console(stderr: bool = False) -> Console:

@@ -357,14 +357,19 @@ def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
     plans = [plan_dict(s) for s in res.ranked[: args.top]]
     cmp = comparison(res, model, cluster) if res.any_fits else {}
     launch = res.best_launchable()
+    load = {s.plan.ep: routing.load(s.plan.ep).summary() for s in (res.ranked[0], launch) if s} if routing else {}
     if args.out:
         if launch is None:
             raise InputError(f"{args.out}: no plan that fits can run as one Megatron job; nothing written")
-        write_hetero_outputs(args.out, model, cluster, launch)
+        write_hetero_outputs(args.out, model, cluster, launch,
+                             extra={"routing": {**routing.summary(), "load": load[launch.plan.ep]}} if routing else None)
     if args.json:
-        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch": gbs,
-                          "search": "heterogeneous", "counts": res.counts, "plans": plans, "comparison": cmp,
-                          "best_launchable": plan_dict(launch) if launch else None}, indent=1))
+        out = {"model": model.name, "cluster": cluster.name, "global_batch": gbs, "search": "heterogeneous",
+               "counts": res.counts, "plans": plans, "comparison": cmp,
+               "best_launchable": plan_dict(launch) if launch else None}
+        if routing:
+            out["routing"] = {**routing.summary(), "load_by_ep": {str(k): v for k, v in load.items()}}
+        print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
     sizes = ", ".join(f"{g.name}: {g.num_gpus} x {g.gpu}" for g in cluster.device_groups)
@@ -389,6 +394,14 @@ def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
                   f"(#1 is {cmp['speedup_vs_uniform']:.2f}x faster)")
     if "slow_group_effect" in cmp:
         con.print(cmp["slow_group_effect"])
+    usd = {k: v["usd_per_million_tokens"] for k, v in (("#1", cmp["best"]), *cmp["alone"].items()) if v and
+           v["usd_per_million_tokens"] is not None}
+    if usd:
+        con.print("cost per million tokens: " + ", ".join(f"{k} ${v:.2f}" for k, v in usd.items()))
+    if routing:
+        ld = load[res.ranked[0].plan.ep]
+        con.print(f"routing histogram {routing.path}: #1 runs ep{ld['ep']} with {ld['placement']} placement, hottest "
+                  f"EP rank {ld['time_factor']:.2f}x the mean token load ({ld['memory_factor']:.2f}x for memory)")
     return 0
 
 

@@ -10,10 +10,12 @@ The search scores three families with the same cost model and ranks them togethe
   count follows), a shared pipeline micro-batch of B sequences (B / dp per rank), vpp, recompute, cp, ep;
   each layout gets the exact min-time layer split under every stage's memory (``optimal_split``).
 
-Mixed layouts are many; each has a lower bound (m x the fractional min-max stage time of its linear stage
-costs), and they are split and scored in lower-bound order until the bound cannot beat the ``top``-th best
-plan that fits (branch and bound), so the result is the exact optimum of the family. The best plan is
-therefore at least as fast as the best single-group plan and the best uniform plan.
+Mixed layouts are many; each has a lower bound on its step (fractional layers, memory capacities respected),
+and they are split and scored in lower-bound order until the bound cannot beat the ``top``-th best plan that
+fits (branch and bound). Each layout's split minimises its pipeline time exactly; the step adds the exactly
+scored gradient-sync / optimizer tail and hops, which the split does not trade against (on a 2+2-GPU cluster
+the result equals a brute force over every layout and split, tests/test_hetero.py). The best plan is at least
+as fast as the best single-group plan and the best uniform plan, which are ranked with it.
 
 A plan with different tp or dp per stage is reported but flagged: Megatron-LM runs one tp and one dp per
 job (:attr:`HeteroPlan.launch_issue`); same tp/dp with an uneven split is launchable through
@@ -435,7 +437,8 @@ def comparison(res: HeteroResult, model: ModelSpec, cluster: ClusterSpec) -> dic
     return out
 
 
-def write_hetero_outputs(out_dir: str, model: ModelSpec, cluster: ClusterSpec, s: Scored) -> list:
+def write_hetero_outputs(out_dir: str, model: ModelSpec, cluster: ClusterSpec, s: Scored,
+                         extra: dict | None = None) -> list:
     """plan.json, megatron_args.txt, launch.sh and launch.sbatch of a launchable plan: one Megatron job over the
     nodes of the groups it uses, listed in pipeline order (stage 0's group first: Megatron puts pp outermost,
     so node ranks must follow the stages). plan.json carries the per-stage table under 'heterogeneous'."""
@@ -459,4 +462,4 @@ def write_hetero_outputs(out_dir: str, model: ModelSpec, cluster: ClusterSpec, s
     info["node_order"] = [f"{g.name}: {g.nodes} nodes x {g.gpus_per_node} {g.gpu}" for g in order]
     info["note"] = ("NODE_RANK must follow node_order (the first group's nodes hold pipeline stage 0). The layout "
                     "string in megatron_args.txt gives each stage its layers.")
-    return write_outputs(out_dir, model, view, plan, None, extra={"heterogeneous": info})
+    return write_outputs(out_dir, model, view, plan, None, extra={"heterogeneous": info, **(extra or {})})

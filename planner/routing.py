@@ -29,7 +29,7 @@ from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_dr
                                expert_fractions, expert_load, row_factors, top_share)
 from costmodel.rules import valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
-from planner.search import SearchResult, ranked
+from planner.search import SearchResult, ranked, to_plan
 from planner.space import valid_plans
 
 HISTOGRAM_KEY = "moe_routing_histogram"
@@ -164,14 +164,14 @@ class RoutedSearch:
     routing: Routing
     balanced_best: int
     """Index (into result.plans) of the plan that is best under balanced routing."""
+    balanced_scores: dict = field(default_factory=dict, repr=False)
+    """The same plans scored with balanced routing."""
 
     def load_of(self, i: int) -> ExpertLoad:
         return self.routing.load(int(self.result.plans.ep[i]))
 
     def balanced_step_s(self, i: int) -> float:
-        return float(self._balanced["step_time_s"][i])
-
-    _balanced: dict = field(default_factory=dict, repr=False)
+        return float(self.balanced_scores["step_time_s"][i])
 
 
 def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, routing: Routing) -> RoutedSearch:
@@ -182,9 +182,7 @@ def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, rou
     balanced = estimate_routed(model, cluster, plans, 1.0, 1.0)
     res = ranked(plans, routing.cost(model, cluster, plans))
     bal = ranked(plans, balanced)
-    out = RoutedSearch(res, routing, int(bal.order[0]))
-    out._balanced = balanced
-    return out
+    return RoutedSearch(res, routing, int(bal.order[0]), balanced)
 
 
 def routing_lines(rs: RoutedSearch) -> list[str]:
@@ -209,12 +207,11 @@ def routing_lines(rs: RoutedSearch) -> list[str]:
                      f"tokens")
     j = rs.balanced_best
     if j != i:
-        from planner.search import to_plan
-
         q = to_plan(res.plans, j)
+        after = ("does not fit in memory" if not res.scores["fits"][j] else
+                 f"takes {res.scores['step_time_s'][j]:.3f} s")
         lines.append(f"under balanced routing the best plan would be tp{q.tp} pp{q.pp} dp{q.dp} ep{q.ep} etp{q.etp} "
-                     f"({rs.balanced_step_s(j):.3f} s); with this routing it takes "
-                     f"{res.scores['step_time_s'][j]:.3f} s")
+                     f"({rs.balanced_step_s(j):.3f} s); with this routing it {after}")
     else:
         lines.append("the histogram does not change the best layout (balanced routing picks the same)")
     return lines

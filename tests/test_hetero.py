@@ -291,3 +291,34 @@ def test_plan_cli_on_the_mixed_cluster(capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "--group" in err and err.count("\n") == 1
     assert main(["check", "--model", "13b", "--cluster", MIXED, "--tp", "2", "--group", "a100", "--json"]) == 0
+
+
+def test_routing_histogram_in_the_heterogeneous_estimate():
+    from costmodel.routing import expert_fractions
+    from planner.routing import Routing
+
+    plan = HeteroPlan(stage_groups=("fast", "slow"), stage_tp=(1, 1), stage_dp=(2, 2), layers_per_stage=(4, 2),
+                      micro_batch_sequences=2, global_batch=16, ep=2)
+    routing = Routing("test", expert_fractions([[8, 1, 1, 1, 1, 1, 1, 1]]))
+    bal = estimate_hetero(TINY_MOE, tiny_cluster(), [plan])[0]
+    skew = estimate_hetero(TINY_MOE, tiny_cluster(), [plan], scorer=routing.scorer())[0]
+    # The hot expert's rank holds it and 3 others: 11 of 15 routed tokens, 2 x 11/15 of the mean; LPT cannot do
+    # better (4 experts per rank), so Megatron's contiguous placement is kept.
+    assert routing.load(2).time_factor == pytest.approx(2 * 11 / 15)
+    assert routing.load(2).placement == "contiguous"
+    assert skew.step_time_s > bal.step_time_s
+    assert all(s > b for s, b in zip(skew.stage_time_s, bal.stage_time_s))
+    assert max(skew.peak_memory_bytes) > max(bal.peak_memory_bytes)
+
+
+def test_price_per_million_tokens(mixed, search13b):
+    priced = mixed.model_copy(update={"device_groups": tuple(
+        g.model_copy(update={"price_per_gpu_hour_usd": p}) for g, p in zip(mixed.device_groups, (2.0, 0.5)))})
+    cmp = comparison(search13b, get_model("13b"), priced)
+    a100 = search13b.alone["a100"]
+    tokens = 768 * 4096
+    assert cmp["alone"]["a100"]["usd_per_million_tokens"] == pytest.approx(
+        16 * 2.0 * a100.est.step_time_s / 3600 / tokens * 1e6)
+    used = search13b.ranked[0].plan.gpus_used()
+    assert cmp["best"]["usd_per_million_tokens"] == pytest.approx(
+        (used["a100"] * 2.0 + used["v100"] * 0.5) * search13b.ranked[0].est.step_time_s / 3600 / tokens * 1e6)

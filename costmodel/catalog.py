@@ -132,19 +132,22 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     ),
     # Tiny models for the executor's CPU runs (tests, the closed-loop benchmark, the README demo); not
     # published models. GELU MLP, MHA, untied embeddings, rope: exactly what executor/model.py builds.
+    # fp32: CPUs without bf16 arithmetic run bf16 GEMMs ~50x slower (measured by `plan profile`).
     "tiny-gpt": (
         ("tiny",),
-        dict(layers=4, hidden=64, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=32, gated_mlp=False),
+        dict(layers=4, hidden=64, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=32, gated_mlp=False,
+             precision="fp32"),
     ),
     "tiny-moe": (
         (),
         dict(layers=4, hidden=64, ffn_hidden=256, heads=4, kv_heads=4, vocab=512, seq_len=32, gated_mlp=False,
-             num_experts=4, moe_topk=2, moe_ffn_hidden=128),
+             num_experts=4, moe_topk=2, moe_ffn_hidden=128, precision="fp32"),
     ),
     # A larger CPU model (8 layers, so pp 4 with vpp 2 is a layout) for the closed-loop benchmark.
     "small-gpt": (
         (),
-        dict(layers=8, hidden=128, ffn_hidden=512, heads=4, kv_heads=4, vocab=1024, seq_len=64, gated_mlp=False),
+        dict(layers=8, hidden=128, ffn_hidden=512, heads=4, kv_heads=4, vocab=1024, seq_len=64, gated_mlp=False,
+             precision="fp32"),
     ),
 }
 

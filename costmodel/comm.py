@@ -100,6 +100,9 @@ def collective_time_s(profile: HardwareProfile, cluster: ClusterSpec, collective
     k = np.asarray(k, dtype=float)
     n_domains = np.asarray(n_domains, dtype=float)
     lat = profile.latency_s(collective)
+    if profile.kind == "host" and profile.curve(collective, "intra") is not None:
+        # `plan profile` curves start at 256 B, so the measured busbw already contains the latency.
+        lat = 0.0
     if collective == "send_recv":
         intra = nbytes / (_intra_busbw(profile, cluster, "send_recv", nbytes)
                           if profile.curve("send_recv", "intra") else

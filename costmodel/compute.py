@@ -7,7 +7,7 @@ import numpy as np
 
 from costmodel.profiles import HardwareProfile
 
-GEMM_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+GEMM_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "fp32": "fp32"}
 
 # Reference size at which the best-shape (MAMF) efficiency of the profile is reached.
 _REF_DIM = 8192.0
@@ -48,16 +48,17 @@ def gemm_time_s(profile: HardwareProfile, dtype: str, flops, min_dim) -> np.ndar
     return np.asarray(flops, dtype=float) / (profile.peak(dtype) * gemm_efficiency(profile, dtype, min_dim))
 
 
-def attention_time_s(profile: HardwareProfile, fwd_flops, seq_len_local, head_dim) -> tuple:
-    """Forward and backward time of the flash-attention core (always bf16: fp8 recipes keep it there).
+def attention_time_s(profile: HardwareProfile, fwd_flops, seq_len_local, head_dim, dtype: str = "bf16") -> tuple:
+    """Forward and backward time of the flash-attention core (bf16 unless training in fp32: fp8 recipes
+    keep it in bf16).
 
     Backward does 2.5x the forward FLOPs (dQ, dK, dV plus recomputing the scores).
     Short sequences and narrow heads run less efficiently (same saturating curve on min(s, 8*d)).
     """
     shape_dim = np.minimum(np.asarray(seq_len_local, dtype=float), 8.0 * head_dim)
-    base = gemm_efficiency(profile, "bf16", shape_dim) * profile.calibration.attention_efficiency
-    fwd = np.asarray(fwd_flops, dtype=float) / (profile.peak("bf16") * base * ATTN_FWD_EFFICIENCY)
-    bwd = 2.5 * np.asarray(fwd_flops, dtype=float) / (profile.peak("bf16") * base * ATTN_BWD_EFFICIENCY)
+    base = gemm_efficiency(profile, dtype, shape_dim) * profile.calibration.attention_efficiency
+    fwd = np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_FWD_EFFICIENCY)
+    bwd = 2.5 * np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_BWD_EFFICIENCY)
     return fwd, bwd
 
 

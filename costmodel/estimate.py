@@ -165,6 +165,10 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     """
     prof = profile or load_profile(cluster.gpu)
     fw = FRAMEWORK[framework]
+    if prof.kind == "host":
+        # CPU processes on gloo: collectives run synchronously on the calling thread (no side streams), so
+        # no TP, pipeline or data-parallel communication overlaps compute.
+        fw = dict(fw, tp_exposed=1.0, p2p_exposed=1.0, dp_overlap=False, flash=False)
     cal = prof.calibration
     dtype = compute.gemm_dtype(model.precision)
     fp8 = dtype in ("fp8", "fp4")
@@ -173,6 +177,9 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
     # (NVIDIA NVFP4 recipe, arXiv:2509.25149).
     q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0)
+    # Bytes per activation element: 2 (bf16/fp16 and the fp8 recipes' high-precision tensors), 4 for fp32
+    # training (the executor on CPUs without bf16 arithmetic).
+    eb = memory.activation_element_bytes(model.precision)
     D = cluster.domain_gpus
     h, s = model.hidden, model.seq_len
     tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
@@ -200,7 +207,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     attn_min = np.minimum.reduce([tokens, np.full(n, float(h)), dims["qkv_out"] / tp, dims["o_in"] / tp])
     t_attn_proj = gemm(attn_proj_flops, attn_min)
     core_flops = 2.0 * tokens * s * model.heads * (dims["qk_head_dim"] + dims["v_head_dim"]) * 0.5 / tp
-    t_core_f, t_core_b = compute.attention_time_s(prof, core_flops, s / cp, dims["qk_head_dim"])
+    wide = "fp32" if model.precision == "fp32" else "bf16"    # attention core and LM head dtype
+    t_core_f, t_core_b = compute.attention_time_s(prof, core_flops, s / cp, dims["qk_head_dim"], wide)
     if not fw["flash"]:
         # Unfused attention (2020-2022 Megatron): batched GEMMs plus softmax/dropout over the
         # a*s*s score matrix in fp16, read and written about five times forward, twice that backward.
@@ -225,10 +233,10 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         return gemm(flops, mn), elems
 
     t_mlp_dense, elem_mlp_dense = mlp_block(model.ffn_hidden, tokens, tp)
-    mb_bytes_dense = 2.0 * (elem_attn + elem_mlp_dense)
+    mb_bytes_dense = eb * (elem_attn + elem_mlp_dense)
 
     # TP collectives: with SP 2 all-gathers + 2 reduce-scatters per pass, else 2 all-reduces.
-    act_bytes = tokens * h * 2.0
+    act_bytes = tokens * h * eb
     t_ag = comm.collective_time_s(prof, cluster, "all_gather", act_bytes, tp, tp_k, tp_N)
     t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, tp_k, tp_N)
     t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, tp_k, tp_N)
@@ -236,9 +244,9 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     t_tp_exposed = t_tp * fw["tp_exposed"] * cal.comm_exposed
 
     # CP: ring exchange of K and V, (cp-1) steps, overlapped with the attention chunks.
-    kv_bytes = tokens * 2 * model.kv_head_count * dims["qk_head_dim"] * 2.0 / tp
+    kv_bytes = tokens * 2 * model.kv_head_count * dims["qk_head_dim"] * eb / tp
     if model.mla_kv_lora_rank:
-        kv_bytes = tokens * 2 * model.heads * dims["qk_head_dim"] * 2.0 / tp
+        kv_bytes = tokens * 2 * model.heads * dims["qk_head_dim"] * eb / tp
     t_cp_f = (cp - 1) * comm.collective_time_s(prof, cluster, "send_recv", kv_bytes, cp, cp_k, cp_N)
     cp_exp_f = np.where(cp > 1, np.maximum(t_cp_f - t_core_f, 0.0) + 0.1 * t_cp_f, 0.0)
     cp_exp_b = np.where(cp > 1, np.maximum(2 * t_cp_f - t_core_b, 0.0) + 0.1 * t_cp_f, 0.0)
@@ -274,14 +282,14 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         if fp8:
             elem_exp = elem_exp + gathered * k_top * q * (h + model.expert_ffn / etp)
         etp_k, etp_N = comm.group_span(1, etp, D)
-        etp_bytes = gathered * k_top * h * 2.0 * moe_imbalance
+        etp_bytes = gathered * k_top * h * eb * moe_imbalance
         t_etp = (comm.collective_time_s(prof, cluster, "all_gather", etp_bytes, etp, etp_k, etp_N)
                  + comm.collective_time_s(prof, cluster, "reduce_scatter", etp_bytes, etp, etp_k, etp_N))
         # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
         # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
-        mb_moe = compute.memory_bound_time_s(prof, 2.0 * (elem_attn + elem_shared
+        mb_moe = compute.memory_bound_time_s(prof, eb * (elem_attn + elem_shared
                                                           + cal.moe_overhead * (elem_exp + own * E * 3)))
-        t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * 2.0 * moe_imbalance, k_top, ep, ep_k, ep_N)
+        t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * eb * moe_imbalance, k_top, ep, ep_k, ep_N)
         t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
         t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
@@ -316,16 +324,16 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     # Edge stages: embedding on the first, LM head + cross-entropy on the last.
     logit_flops = 2.0 * tokens * h * model.vocab / tp
     # The output layer runs outside the fp8 autocast region in megatron-core: always bf16.
-    t_logit = compute.gemm_time_s(prof, "bf16", logit_flops,
+    t_logit = compute.gemm_time_s(prof, wide, logit_flops,
                                   np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
     t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * 4.0 * 3)
-    t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * 2.0 * 3)
+    t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * eb * 3)
     first, last = st.first, st.last
     stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
     stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
 
     # Pipeline hops: activation send/recv per chunk and micro-batch, forward and backward.
-    p2p_bytes = tokens * h * 2.0 / np.where(sp, tp, 1.0)
+    p2p_bytes = tokens * h * eb / np.where(sp, tp, 1.0)
     t_p2p = comm.collective_time_s(prof, cluster, "send_recv", p2p_bytes, 2 * np.ones(n), np.ones(n),
                                    np.where(pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
     p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * fw["p2p_exposed"] * cal.comm_exposed, 0.0)
@@ -342,18 +350,19 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     zero = a.zero_stage
     distopt = a.distributed_optimizer | (zero >= 1)
     grad_b = memory.GRAD_BYTES_CORE if framework == "megatron-core" else memory.GRAD_BYTES
+    grad_b = max(grad_b, eb)
     wire_b = grad_b if grad_compression is None else grad_compression.wire_bytes_per_element
     rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * wire_b,
                                   col(dp_size), col(dp_k), col(dp_N))
     ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * wire_b,
                                   col(dp_size), col(dp_k), col(dp_N))
-    ag_d = comm.collective_time_s(prof, cluster, "all_gather", p_dense_stage * memory.WEIGHT_BYTES,
+    ag_d = comm.collective_time_s(prof, cluster, "all_gather", p_dense_stage * eb,
                                   col(dp_size), col(dp_k), col(dp_N))
     rs_e = comm.collective_time_s(prof, cluster, "reduce_scatter", p_exp_stage * wire_b,
                                   col(edp), col(edp_k), col(edp_N))
     ar_e = comm.collective_time_s(prof, cluster, "all_reduce", p_exp_stage * wire_b,
                                   col(edp), col(edp_k), col(edp_N))
-    ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * memory.WEIGHT_BYTES,
+    ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * eb,
                                   col(edp), col(edp_k), col(edp_N))
     dist = col(distopt)
     grad_sync = np.where(dist, rs_d + rs_e, ar_d + ar_e)
@@ -420,8 +429,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     inflight = pipeline.in_flight_microbatches(pp, vpp, m, st.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
-    act_bytes_stage = per_mb * inflight + working + last * col(memory.logits_bytes(model, tokens, tp))
-    w_bytes = memory.WEIGHT_BYTES + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
+    act_bytes_stage = (per_mb * inflight + working) * (eb / 2.0) + last * col(memory.logits_bytes(model, tokens, tp))
+    w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),
                        p_stage * w_bytes)
@@ -429,7 +438,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                      p_stage * grad_b)
     if grad_compression is not None:
         grads = grads + p_stage * grad_compression.residual_bytes_per_element
-    optim = memory.OPTIMIZER_BYTES * (p_dense_stage / shard + p_exp_stage / shard_e)
+    optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / shard + p_exp_stage / shard_e)
     live = weights + grads + optim + act_bytes_stage
     buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     peak = np.where(valid, live + buffers, 0.0)

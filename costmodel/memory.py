@@ -37,6 +37,18 @@ WORKSPACE_BYTES = 1.0 * GIB
 FRAGMENTATION = 0.05
 
 
+def activation_element_bytes(precision: str) -> float:
+    """Bytes per activation / communicated element: 4 when training in fp32, else 2 (bf16, fp16 and the
+    high-precision tensors of the fp8/fp4 recipes)."""
+    return 4.0 if precision == "fp32" else 2.0
+
+
+def optimizer_state_bytes(precision: str) -> float:
+    """Adam bytes per parameter: fp32 master weight and two moments (12) with mixed precision; fp32
+    training keeps no separate master copy (8)."""
+    return 8.0 if precision == "fp32" else OPTIMIZER_BYTES
+
+
 def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, moe: bool,
                            fp8: bool = False) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank.

@@ -10,12 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
+Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full"]
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
 Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml"]
 
 PRECISION_ALIASES: dict[str, str] = {
+    "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)
     "bf16": "bf16",
     "bf16-mixed": "bf16",
     "fp16": "fp16",

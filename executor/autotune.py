@@ -90,9 +90,9 @@ def _measured(summary: dict) -> float:
 
 
 def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, run_dir: str | Path,
-             trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str = "bf16",
+             trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str | None = None,
              profile: HardwareProfile | None = None, data: str | None = None,
-             say: Callable[[str], None] = print) -> AutotuneResult:
+             say: Callable[[str], None] = print, trial_timeout_s: float | None = 900.0) -> AutotuneResult:
     """Plan -> trial runs -> calibrate -> re-plan -> full launch of the best measured plan."""
     if trial_steps < 2:
         raise InputError(f"--trial-steps {trial_steps}: need at least 2 (the first step is warm-up)")
@@ -108,7 +108,7 @@ def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, run_d
         say(f"trial {len(trials) + 1}: {plan_label(plan)} (predicted {predicted * 1e3:.1f} ms/step)")
         plan_path = write_plan_json(Path(t.run_dir) / "plan.json", model, cluster, plan, prof)
         try:
-            res = launch(plan_path, t.run_dir, steps=trial_steps, dtype=dtype, data=data)
+            res = launch(plan_path, t.run_dir, steps=trial_steps, dtype=dtype, data=data, timeout_s=trial_timeout_s)
             t.measured_s = _measured(res.summary)
             say(f"  measured {t.measured_s * 1e3:.1f} ms/step")
         except Exception as e:   # a failed trial is reported and ranked last, not fatal

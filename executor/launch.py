@@ -125,7 +125,13 @@ def first_worker_error(log: str) -> str | None:
     return None
 
 
-def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: int = 10, dtype: str = "bf16",
+def default_dtype(model: ModelSpec) -> str:
+    """The training dtype a model's precision asks for (fp8/fp4 recipes train in bf16 here: no Transformer
+    Engine path in the executor yet)."""
+    return {"fp32": "fp32", "fp16": "fp16"}.get(model.precision, "bf16")
+
+
+def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: int = 10, dtype: str | None = None,
            lr: float = 3e-3, seed: int = 1234, data: str | None = None, checkpoint_every: int = 0,
            init: str = "canonical", timeout_s: float | None = None, env: dict[str, str] | None = None,
            quiet: bool = True) -> RunResult:
@@ -136,6 +142,7 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
     """
     model, plan = read_plan(plan_path)
     preflight(model, plan, source=str(plan_path))
+    dtype = dtype or default_dtype(model)
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",

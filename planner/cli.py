@@ -705,7 +705,8 @@ def _with_steps(run, total: int, first: str, quiet: bool):
 
 
 def _train_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default bf16)")
+    ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                    help="training dtype (default: the model's precision; fp8 recipes train in bf16)")
     ap.add_argument("--data", default=None, help="tokens (.npy or raw uint16 .bin); default: a synthetic learnable task")
 
 
@@ -770,6 +771,8 @@ def cmd_autotune(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps of the full run of the winner (0: no full run)")
     ap.add_argument("--run-dir", default="runs/autotune")
     ap.add_argument("--profile", default=None, help="hardware profile to start from (default: the cluster's)")
+    ap.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial is stopped and "
+                                                                        "counted as failed (default 900)")
     _train_args(ap)
     args = ap.parse_args(argv)
     from costmodel.profiles import load_profile
@@ -778,11 +781,14 @@ def cmd_autotune(argv: list[str]) -> int:
     from planner.space import default_global_batch
 
     model, cluster = _model_cluster(args)
-    gb = args.global_batch or default_global_batch(model, cluster.num_gpus)
     prof = load_profile(args.profile) if args.profile else None
+    host = (prof or load_profile(cluster.gpu)).kind == "host"
+    # On CPU processes the ~4M-token default batch would take hours per step: 8 sequences per rank there.
+    gb = args.global_batch or (8 * cluster.num_gpus if host else default_global_batch(model, cluster.num_gpus))
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, flush=True))
     res = autotune(model, cluster, global_batch=gb, run_dir=args.run_dir, trial_steps=args.trial_steps,
-                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say)
+                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say,
+                   trial_timeout_s=args.trial_timeout)
     if args.json:
         print(json.dumps(result_json(res), indent=1))
     else:
@@ -801,14 +807,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_capacity(argv[1:])
         if argv and argv[0] == "whatif":
             return cmd_whatif(argv[1:])
+        if argv and argv[0] == "profile":
+            return cmd_profile(argv[1:])
         if argv and argv[0] == "run":
             return cmd_run(argv[1:])
         if argv and argv[0] == "calibrate":
             return cmd_calibrate(argv[1:])
         if argv and argv[0] == "autotune":
             return cmd_autotune(argv[1:])
-        if argv and argv[0] == "profile":
-            return cmd_profile(argv[1:])
         return cmd_search(argv)
     except InputError as exc:
         print(f"plan: error: {exc}", file=sys.stderr)

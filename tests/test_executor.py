@@ -139,3 +139,28 @@ def test_data_is_split_the_same_way_for_every_layout():
     follow = np.mean(task.successor[tokens[:, :-1]] == tokens[:, 1:])
     assert 0.6 < follow <= 1.0
     assert 0 < task.entropy_nats() < np.log(64) / 2
+
+
+def test_autotune_closes_the_loop_on_this_machine(tmp_path):
+    """plan profile (quick) -> plan autotune: trials measured, calibration lowers their error, the winner is
+    the fastest measured trial and the full run trains."""
+    import subprocess
+    import sys
+
+    prof, clus = tmp_path / "cpu.yaml", tmp_path / "cpu-cluster.yaml"
+    subprocess.run([sys.executable, "-m", "planner.cli", "profile", "--out", str(prof), "--world-size", "2",
+                    "--quick", "--json"], check=True, capture_output=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "autotune", "--model", "tiny-gpt", "--cluster",
+                          str(clus), "--trial-steps", "3", "--top-k", "3", "--steps", "5", "--run-dir",
+                          str(tmp_path / "runs"), "--json"], check=True, capture_output=True, text=True, timeout=1200)
+    res = json.loads(out.stdout)
+    trials = res["trials"]
+    assert len(trials) >= 3 and all(t["error"] is None for t in trials)
+    assert all(t["plan"]["global_batch"] == 16 for t in trials)          # 8 sequences per CPU rank
+    measured = [t["measured_s"] for t in trials]
+    assert res["winner"]["measured_s"] == min(measured)
+    cal = res["calibration"]
+    assert cal["factors"] == ["gemm_efficiency", "layer_overhead_s", "comm_exposed"]
+    assert cal["mape_after"] < cal["mape_before"]
+    assert res["final"]["steps"] == 5 and res["final"]["final_loss"] < res["final"]["first_loss"]
+    assert (tmp_path / "runs" / "final" / "metrics.jsonl").exists()

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary = json.loads(summary_path.read_text())
             else:
                 plan_path = write_plan_json(run / "plan.json", model, cluster, plan, prof)
-                summary = launch(plan_path, run, steps=args.steps, dtype="bf16").summary
+                summary = launch(plan_path, run, steps=args.steps).summary
             rows.append({"world": world, "plan": plan, "label": f"w{world} " + plan_label(plan),
                          "measured_s": summary["step_time_s"], "cluster": cluster, "profile": prof,
                          "profile_path": prof_path})
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"world {world}: ranked first {rows[first]['label']} measures {ratio:.3f}x the fastest "
               f"({rows[fastest]['label']}); target <= 1.15")
     scatter_png(str(out / "scatter.png"), measured, predicted_after, [r["label"] for r in rows], fitted_mask=fitted_mask,
-                title=f"{model.name} on this CPU, bf16, gloo: held-out MAPE {mape_held:.1f}%")
+                title=f"{model.name} on this CPU, {model.precision}, gloo: held-out MAPE {mape_held:.1f}%")
     (out / "results.json").write_text(json.dumps({
         "model": model.name, "held_out_mape": mape_held, "held_out_mape_uncalibrated": mape_before,
         "ranking": ranking, "calibration": {str(k): v for k, v in reports.items()},

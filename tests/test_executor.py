@@ -75,6 +75,30 @@ def test_layout_matches_one_process_run(layout, reference, tmp_path):
         hist = res.summary["moe_routing_histogram"]
         assert np.array(hist).sum() == STEPS * 4 * 2 * tokens
         assert hist == reference["tiny-moe"].summary["moe_routing_histogram"]
+        check_uses_the_measured_histogram(res, tmp_path, hist)
+
+
+def check_uses_the_measured_histogram(res, tmp_path, hist):
+    """`plan check --routing RUN/summary.json` on the run's own plan prices the measured expert load."""
+    import subprocess
+    import sys
+
+    cluster = tmp_path / "two.yaml"
+    cluster.write_text("name: two\ngpu: H100\nnodes: 1\ngpus_per_node: 2\n"
+                       "inter_node: {nic_bandwidth_bytes_per_s: 50.0e+9}\n")
+    plan = res.summary["plan"]
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "check", "--model", "tiny-moe", "--cluster", str(cluster),
+                          "--tp", "1", "--pp", "1", "--dp", str(plan["dp"]), "--ep", str(plan["ep"]),
+                          "--global-batch", str(plan["global_batch"]), "--micro-batch", str(plan["micro_batch"]),
+                          "--recompute", "none", "--routing", str(res.run_dir / "summary.json"), "--json"],
+                         check=True, capture_output=True, text=True)
+    routing = json.loads(out.stdout)["routing"]
+    assert (routing["layers"], routing["experts"]) == (4, 4)
+    # Contiguous placement: rank 0 holds experts 0-1, rank 1 experts 2-3; the hottest rank of each layer
+    # over the mean, averaged over the layers, is what the estimate uses.
+    per_layer = [2 * max(sum(h[:2]), sum(h[2:])) / sum(h) for h in hist]
+    assert routing["load"]["time_factor"] == pytest.approx(np.mean(per_layer), rel=1e-6)
+    assert routing["load"]["worst_layer_factor"] == pytest.approx(max(per_layer), rel=1e-6)
 
 
 def test_short_run_loss_falls(reference):

@@ -60,8 +60,9 @@ def scatter_png(path: str, measured_s, predicted_s, labels, *, fitted_mask=None,
     ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="grey", alpha=0.12, label="±20%")
     ax.scatter(m[fit], p[fit], marker="o", facecolors="none", edgecolors="C0", label="calibration runs")
     ax.scatter(m[~fit], p[~fit], marker="o", color="C1", label="held-out runs")
-    for x, y, lab in zip(m, p, labels):
-        ax.annotate(lab, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    if len(m) <= 8:   # more labels than that only overlap; the benchmark's table names every point
+        for x, y, lab in zip(m, p, labels):
+            ax.annotate(lab, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

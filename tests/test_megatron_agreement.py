@@ -7,7 +7,6 @@ Skipped where megatron-core is not installed (it comes with the `executor` extra
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -16,7 +15,6 @@ torch = pytest.importorskip("torch")
 
 from megatron.core.transformer.enums import LayerType  # noqa: E402
 from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
-from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig  # noqa: E402
 
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.profiles import load_cluster  # noqa: E402
@@ -25,46 +23,8 @@ from costmodel.specs import ModelSpec, ParallelPlan  # noqa: E402
 from planner.cli import best_plan  # noqa: E402
 from planner.search import exhaustive  # noqa: E402
 from planner.space import default_global_batch  # noqa: E402
+from executor.model import megatron_config  # noqa: E402  (the executor's own config builder)
 from planner.split import megatron_layout  # noqa: E402
-
-
-def megatron_config(model: ModelSpec, plan: ParallelPlan):
-    """megatron-core's own config for a plan, the way Megatron-LM's arguments build it."""
-    kw = dict(
-        num_layers=model.layers, hidden_size=model.hidden, num_attention_heads=model.heads,
-        ffn_hidden_size=model.ffn_hidden, kv_channels=model.head_width,
-        num_query_groups=model.kv_heads or model.heads, gated_linear_unit=model.gated_mlp,
-        tensor_model_parallel_size=plan.tp, pipeline_model_parallel_size=plan.pp,
-        context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel and plan.tp > 1,
-        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-    )
-    if plan.vpp > 1:
-        kw["virtual_pipeline_model_parallel_size"] = plan.vpp
-    if plan.layers_per_stage is not None:
-        kw["pipeline_model_parallel_layout"] = megatron_layout(plan.layers_per_stage, plan.vpp)
-    if model.is_moe:
-        kw.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
-                  moe_ffn_hidden_size=model.expert_ffn, expert_model_parallel_size=plan.ep,
-                  expert_tensor_parallel_size=plan.etp, moe_grouped_gemm=True,
-                  moe_token_dispatcher_type="alltoall")
-        if model.shared_experts:
-            kw["moe_shared_expert_intermediate_size"] = model.shared_experts * model.expert_ffn
-        if model.dense_layers:
-            kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
-    if plan.recompute == "full":
-        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif plan.recompute == "selective":
-        kw.update(recompute_granularity="selective")
-    cls = TransformerConfig
-    if model.mla_kv_lora_rank:
-        cls = MLATransformerConfig
-        kw.update(multi_latent_attention=True, q_lora_rank=model.mla_q_lora_rank, kv_lora_rank=model.mla_kv_lora_rank,
-                  qk_head_dim=model.head_width, qk_pos_emb_head_dim=model.mla_rope_dim,
-                  v_head_dim=model.mla_v_head_dim or model.head_width)
-        kw.pop("kv_channels")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return cls(**kw)
 
 
 CASES = [("70b", "h100x512"), ("gpt3-175b", "a100x1024"), ("405b", "h100x16384"), ("mixtral-8x7b", "h100x512"),

@@ -35,6 +35,11 @@ Sources (paths are in github.com/NVIDIA/Megatron-LM, megatron-core 0.16 / main):
 * global_batch % (dp*micro_batch): ``megatron/core/num_microbatches_calculator.py``
   ``ConstantNumMicroBatchesCalculator``.
 * full recompute layers between 1 and layers per pipeline rank: ``TransformerConfig.__post_init__``.
+* Megatron-FSDP (zero_stage 2/3 = ``--use-megatron-fsdp`` with ``optim_grads`` / ``optim_grads_params``)
+  needs pp == 1: megatron-core 0.16.1 ``distributed/fsdp/mcore_fsdp_adapter.py`` ``_init_dist_index``
+  builds its device mesh with ``_get_dp_tp_mesh``, ``einops.rearrange(torch.arange(world_size),
+  "(dp_cp ep tp) -> ep dp_cp tp", ...)`` (``_get_hsdp_tp_mesh`` likewise ``(outer_fsdp_dp fsdp tp)``),
+  i.e. the whole world must be dp*cp x tp ranks; a pipeline stage has no place in it.
 
 Rules that are not Megatron's but the planner's own consistency (zero_stage vs
 distributed_optimizer, recompute_layers only with full recompute) are marked as such.
@@ -64,7 +69,7 @@ __all__ = [
 DEGREES = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp")
 """The parallel degrees, named as in Megatron."""
 
-MASK_KEYS = (*DEGREES, "micro_batch", "global_batch", "sequence_parallel", "uneven")
+MASK_KEYS = (*DEGREES, "micro_batch", "global_batch", "sequence_parallel", "uneven", "zero_stage")
 """Columns :func:`valid_mask` reads (missing ones take the ParallelPlan defaults)."""
 
 RANK_ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -141,6 +146,7 @@ class _Cols:
     micro_batch: Any
     global_batch: Any
     sequence_parallel: Any
+    zero_stage: Any = 1
 
     @property
     def num_microbatches(self) -> Any:
@@ -165,6 +171,7 @@ def _scalar_cols(plan: ParallelPlan) -> _Cols:
         micro_batch=plan.micro_batch,
         global_batch=plan.global_batch,
         sequence_parallel=bool(plan.sequence_parallel),
+        zero_stage=plan.zero_stage,
     )
 
 
@@ -481,6 +488,22 @@ def _msg_global_batch(m, c, n, kv):
     )
 
 
+# ZeRO-2/3 (Megatron-FSDP)
+
+
+def _ok_fsdp_pp(m, c, n, kv):
+    return np.logical_or(c.zero_stage < 2, c.pp == 1)
+
+
+def _msg_fsdp_pp(m, c, n, kv):
+    strategy = "optim_grads" if c.zero_stage == 2 else "optim_grads_params"
+    return (
+        f"zero_stage={c.zero_stage} (Megatron-FSDP, {strategy}) needs pp=1 but pp={c.pp} (megatron-core "
+        f"0.16's FSDP device mesh spans the whole world as dp*cp x tp ranks); valid: pp=1 with "
+        f"dp={c.dp * c.pp}, or zero_stage 0/1 (distributed optimizer) with pp={c.pp}"
+    )
+
+
 _RULES: tuple[_Rule, ...] = (
     _Rule("world_size", _always, _ok_world, _msg_world, needs_num_gpus=True),
     _Rule("expert_grid", _always, _ok_expert_grid, _msg_expert_grid),
@@ -501,6 +524,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("interleaved_microbatches", _always, _ok_interleaved_microbatches,
           _msg_interleaved_microbatches),
     _Rule("global_batch", _always, _ok_global_batch, _msg_global_batch),
+    _Rule("fsdp_pipeline", _always, _ok_fsdp_pp, _msg_fsdp_pp),
 )
 
 
@@ -697,9 +721,9 @@ def valid_mask(
 
     ``arrays`` maps names in :data:`MASK_KEYS` to equally long 1-d arrays; a missing key takes
     the ParallelPlan default (1 for degrees and micro_batch, True for sequence_parallel);
-    ``global_batch`` is required. Plan fields without a column (recompute, zero_stage,
-    distributed_optimizer, rank_order, layers_per_stage) are taken at their defaults, which
-    satisfy every rule. Returns a bool array, True where the plan is valid.
+    ``global_batch`` is required; ``zero_stage`` defaults to 1. Plan fields without a column
+    (recompute, distributed_optimizer, rank_order, layers_per_stage) are taken at their defaults,
+    which satisfy every rule. Returns a bool array, True where the plan is valid.
     """
     unknown = sorted(set(arrays) - set(MASK_KEYS))
     if unknown:
@@ -722,6 +746,7 @@ def valid_mask(
     cols = _Cols(
         **safe,
         sequence_parallel=col("sequence_parallel", True, bool),
+        zero_stage=col("zero_stage", 1, np.int64),
     )
     # Rows with an explicit uneven stage split (checked by violations() on that split) skip the
     # even-split layer rules.

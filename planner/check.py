@@ -29,7 +29,9 @@ Every alternative passes ``costmodel.rules.violations`` with the cluster's GPU c
 memory. The neighbourhood (each move combined with micro_batch /2, x1, x2 and the three recompute
 modes): pp halved / doubled / the nearest valid depths with vpp adjusted (1, kept, doubled, same
 number of virtual stages), every other vpp, tp x2 and /2, cp 1 / 2 / x2, ep x2 and /2 (MoE), each
-with dp taking the rest of the GPUs; plus, for the stage balance, the even split and splits with
+with dp taking the rest of the GPUs; the other data-parallel sharding (Megatron-FSDP at pp 1 <-> the
+distributed optimizer; a pp move off pp 1 leaves FSDP, which megatron-core runs only without pipeline
+stages); plus, for the stage balance, the even split and splits with
 one or two layers (in units of vpp) moved off the first and/or last stage.
 
 Which alternative a finding proposes: the fastest one that fits and moves the finding's figure by at
@@ -204,7 +206,7 @@ class Candidate(NamedTuple):
     """One alternative: the move it makes (family and index), and whether it keeps the base knobs."""
 
     family: str
-    """knobs (micro_batch / recompute only), split, pp, vpp, tp, cp or ep."""
+    """knobs (micro_batch / recompute only), split, pp, vpp, tp, cp, ep or zero (data-parallel sharding)."""
     move: int
     """Index of the structural move (candidates sharing it differ only in micro_batch / recompute)."""
     base_knobs: bool
@@ -241,8 +243,9 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             continue
         per = model.layers // p2
         vpps = {1, vpp, 2 * vpp, max(1, vpp * pp // p2), max(1, vpp * p2 // pp)} if p2 > 1 else {1}
+        leave_fsdp = {"zero_stage": 1} if plan.zero_stage >= 2 and p2 > 1 else {}
         for v2 in sorted(v for v in vpps if per % v == 0 and v <= 16):
-            moves.append(("pp", {"pp": p2, "vpp": v2, "dp": dp2}))
+            moves.append(("pp", {"pp": p2, "vpp": v2, "dp": dp2, **leave_fsdp}))
     # Interleaving depth at the same pp.
     if pp > 1:
         counts = plan.layers_per_stage or _even_split(model.layers, pp)
@@ -261,6 +264,11 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         for e2 in (ep * 2, ep // 2 if ep % 2 == 0 else None):
             if e2:
                 moves.append(("ep", {"ep": e2}))
+    # Data-parallel sharding: FSDP (ZeRO-3, pp 1 only) <-> the distributed optimizer (ZeRO-1).
+    if plan.zero_stage >= 2:
+        moves.append(("zero", {"zero_stage": 1, "distributed_optimizer": True}))
+    elif (dp1 := dp_for(tp, 1, cp)) and dp1 * cp > 1:
+        moves.append(("zero", {"zero_stage": 3, "distributed_optimizer": True, "pp": 1, "vpp": 1, "dp": dp1}))
 
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
     recs = [plan.recompute] + [r for r in ("none", "selective", "full") if r != plan.recompute]
@@ -314,7 +322,7 @@ def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
 def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> str:
     """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
     changes: list[tuple[str, str, str]] = []
-    for f in ("pp", "tp", "cp", "ep", "vpp", "dp", "micro_batch", "recompute", "recompute_layers"):
+    for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "micro_batch", "recompute", "recompute_layers"):
         a, b = getattr(base, f), getattr(alt, f)
         if a != b:
             changes.append((f, str(a), str(b)))

@@ -204,13 +204,16 @@ def cmd_check(argv: list[str]) -> int:
     ap.add_argument("--recompute-layers", type=int, default=None)
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
+    ap.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                    help="data-parallel sharding: 1 distributed optimizer (default), 2/3 Megatron-FSDP optim_grads / "
+                         "optim_grads_params (3 = FSDP, pp 1), 0 none (= --no-distributed-optimizer)")
     ap.add_argument("--group", help="with a cluster of device groups: check the layout on this group alone")
     _routing_args(ap, placement_default="contiguous")
     args = ap.parse_args(argv)
     from costmodel.estimate import estimate
     from costmodel.rules import check_plan
     from costmodel.specs import ParallelPlan
-    from planner.report import console, estimate_table
+    from planner.report import console, estimate_table, zero_label
     from planner.space import default_global_batch
 
     model, cluster = _model_cluster(args)
@@ -218,11 +221,15 @@ def cmd_check(argv: list[str]) -> int:
     routing = _load_routing(args, model, restrict=False)
     dp = args.dp or max(1, cluster.num_gpus // (args.tp * args.pp * args.cp))
     gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
+    zero = args.zero_stage if args.zero_stage is not None else (0 if args.no_distributed_optimizer else 1)
+    if args.no_distributed_optimizer and zero >= 1:
+        raise InputError(f"--no-distributed-optimizer with --zero-stage {zero}: ZeRO stages 1-3 shard the optimizer "
+                         f"states (Megatron's distributed optimizer); valid: --zero-stage 0, or drop "
+                         f"--no-distributed-optimizer")
     plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
                         sequence_parallel=not args.no_sequence_parallel, micro_batch=args.micro_batch,
                         global_batch=gbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
-                        distributed_optimizer=not args.no_distributed_optimizer,
-                        zero_stage=0 if args.no_distributed_optimizer else 1)
+                        distributed_optimizer=zero >= 1, zero_stage=zero)
     check_plan(model, plan, cluster.num_gpus)
     placement = None if args.placement == "best" else args.placement
     load = routing.load(plan.ep, placement) if routing is not None else None
@@ -247,7 +254,8 @@ def cmd_check(argv: list[str]) -> int:
         return 0
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
-                                  f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}"))
+                                  f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
+                                  f"{zero_label(plan.zero_stage)}"))
     for name, info in links.items():
         con.print(f"{name} group {info['ranks']}: crosses {', '.join(info['links'])} (up to {info['max_hops']} hops)")
     for f, line in zip(findings, format_findings(findings)):

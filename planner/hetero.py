@@ -93,7 +93,8 @@ def _alone(model, cluster, gcl, gbs, cost, scorer) -> tuple[dict[str, Scored | N
     best: dict[str, Scored | None] = {}
     kept: list[Scored] = []
     for g, gc in gcl.items():
-        res = exhaustive(model, gc, gbs, cost)
+        # A HeteroPlan has no ZeRO stage (it runs the distributed optimizer): search the layouts it can hold.
+        res = exhaustive(model, gc, gbs, cost, zero_stages=(1,))
         n = min(ALONE_KEEP, len(res.order)) if res.evaluated else 0
         plans = [HeteroPlan.from_plan(res.split_plan(r), g, model.layers) for r in range(n)]
         scored = [Scored(p, e, "alone") for p, e in zip(plans, estimate_hetero(model, cluster, plans, scorer=scorer))]

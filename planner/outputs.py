@@ -200,6 +200,12 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     # arguments.py _add_training_args: group.add_argument('--sequence-parallel', action='store_true', ...),
     #   group.add_argument('--tp-comm-overlap', action='store_true', ...), '--no-gradient-accumulation-fusion'.
     # arguments.py _add_checkpointing_args: '--ckpt-format' choices=[..., 'fsdp_dtensor'].
+    # Megatron-Core developer guide, Megatron-FSDP: "--use-megatron-fsdp --data-parallel-sharding-strategy
+    #   optim_grads_params --ckpt-format fsdp_dtensor --init-model-with-meta-device"; megatron-core 0.16.1
+    #   mcore_fsdp_adapter.py passes init_model_with_meta_device to MegatronFSDP ("initialize model parameters
+    #   in shards ... large models that do not fit on a single device"). The FSDP optimizer is megatron-core's
+    #   DistributedOptimizer (optimizer/__init__.py builds it per chunk for use_megatron_fsdp;
+    #   distrib_optimizer.py returns early from its buffer set-up), so --use-distributed-optimizer stays.
     # validate_args: "No more than one of the following arguments can be set at the same time:
     #   --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,
     #   --pipeline-model-parallel-layout" -> vpp comes from the layout when there is one.
@@ -230,14 +236,21 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
         # parallelism is enabled".
         out.append("--tp-comm-overlap")
-    if plan.distributed_optimizer:
+    if plan.distributed_optimizer or fsdp:
         out.append("--use-distributed-optimizer")
     if fsdp:
         # ZeRO-2/3 = Megatron-FSDP optim_grads / optim_grads_params (costmodel/rules.py); validate_args:
-        # "Megatron FSDP only supports fsdp_dtensor checkpoint format".
+        # "Megatron FSDP only supports fsdp_dtensor checkpoint format"; gradient accumulation fusion is
+        # switched off as Megatron-Bridge does ("not supported with Megatron FSDP").
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
+        if plan.zero_stage >= 3:
+            out.append("--init-model-with-meta-device")
+        if plan.tp > 1 or plan.cp > 1:
+            # validate_args (before Blackwell) warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1 here.
+            notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
+                         "CUDA_DEVICE_MAX_CONNECTIONS (1 vs more) before Blackwell; FSDP's requirement wins")
     if core:
         out.append("--overlap-grad-reduce")
         if plan.distributed_optimizer or fsdp:
@@ -246,7 +259,12 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     else:
         notes.append(f"# plan framework is {plan.framework}; these flags are for megatron-core "
                      f"(no overlap flags written)")
-    if plan.rank_order == _TP_PP_DP_ORDER:
+    if plan.rank_order == _TP_PP_DP_ORDER and fsdp and plan.pp == 1:
+        # Megatron-Bridge refuses "use_tp_pp_dp_mapping is not supported with Megatron FSDP"; with pp = 1
+        # both orders place the ranks alike.
+        notes.append(f"# rank order {plan.rank_order} equals {_DEFAULT_ORDER} with pp=1; --use-tp-pp-dp-mapping "
+                     f"left out (not supported with Megatron-FSDP)")
+    elif plan.rank_order == _TP_PP_DP_ORDER:
         out.append("--use-tp-pp-dp-mapping")
     elif plan.rank_order != _DEFAULT_ORDER:
         notes.append(f"# rank order {plan.rank_order} has no Megatron flag (megatron-core supports "

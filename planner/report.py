@@ -32,7 +32,17 @@ def plan_row(result: SearchResult, rank: int) -> dict:
     }
 
 
+ZERO_LABELS = {0: "no ZeRO", 1: "distributed optimizer (ZeRO-1)", 2: "Megatron-FSDP optim_grads (ZeRO-2)",
+               3: "Megatron-FSDP (ZeRO-3)"}
+ZERO_TAGS = {2: "zero2", 3: "fsdp"}
+
+
+def zero_label(stage: int) -> str:
+    return ZERO_LABELS[int(stage)]
+
+
 def layout(p: dict) -> str:
+    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always) and the sharding when it is FSDP."""
     parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
     if p["vpp"] > 1:
         parts.append(f"vpp{p['vpp']}")
@@ -43,6 +53,8 @@ def layout(p: dict) -> str:
         parts.append(f"ep{p['ep']}")
     if p.get("etp", 1) > 1:
         parts.append(f"etp{p['etp']}")
+    if p.get("zero_stage", 1) in ZERO_TAGS:
+        parts.append(ZERO_TAGS[p["zero_stage"]])
     return " ".join(parts)
 
 

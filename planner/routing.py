@@ -136,10 +136,11 @@ def load_routing(path: str, model: ModelSpec, *, capacity_factor: float | None =
 # Search --------------------------------------------------------------------------------------------------
 
 
-def expert_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int) -> PlanArrays:
+def expert_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **space_kw) -> PlanArrays:
     """Valid plans with expert tensor parallelism added: every valid plan at each etp (powers of two up to
-    the NVLink domain and MAX_ETP) that Megatron's expert grid and the expert width accept."""
-    base = valid_plans(model, cluster, global_batch)
+    the NVLink domain and MAX_ETP) that Megatron's expert grid and the expert width accept. ``space_kw``
+    narrows the base space (``planner.space.candidate_columns`` keywords, e.g. zero_stages=(1,))."""
+    base = valid_plans(model, cluster, global_batch, **space_kw)
     etps = [t for t in (1, 2, 4, 8) if t <= min(MAX_ETP, cluster.domain_gpus)] if model.is_moe else [1]
     n = len(base)
     idx = np.tile(np.arange(n), len(etps))
@@ -174,9 +175,10 @@ class RoutedSearch:
         return float(self.balanced_scores["step_time_s"][i])
 
 
-def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, routing: Routing) -> RoutedSearch:
+def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, routing: Routing,
+                  **space_kw) -> RoutedSearch:
     """Score the expert space (ep, etp, placement per ep) under the histogram; also score it balanced."""
-    plans = expert_space(model, cluster, global_batch)
+    plans = expert_space(model, cluster, global_batch, **space_kw)
     if len(plans) == 0:
         return RoutedSearch(SearchResult(plans, {}, np.zeros(0, dtype=int), 0), routing, -1)
     balanced = estimate_routed(model, cluster, plans, 1.0, 1.0)

@@ -15,7 +15,7 @@ import numpy as np
 
 from costmodel.estimate import PlanArrays, estimate_arrays
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
-from planner.space import RECOMPUTE_NAMES, valid_plans
+from planner.space import FSDP_STAGE, RECOMPUTE_NAMES, valid_plans
 
 CostFn = Callable[[ModelSpec, ClusterSpec, PlanArrays], dict]
 
@@ -60,9 +60,11 @@ def to_plan(a: PlanArrays, i: int) -> ParallelPlan:
                         distributed_optimizer=bool(a.distributed_optimizer[i]), zero_stage=int(a.zero_stage[i]))
 
 
-def exhaustive(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cost: CostFn = default_cost) -> SearchResult:
-    """Score every valid plan in one vectorised call."""
-    plans = valid_plans(model, cluster, global_batch)
+def exhaustive(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cost: CostFn = default_cost,
+               **space_kw) -> SearchResult:
+    """Score every valid plan in one vectorised call (``space_kw``: ``planner.space.candidate_columns``
+    keywords that narrow the space, e.g. zero_stages=(1,))."""
+    plans = valid_plans(model, cluster, global_batch, **space_kw)
     if len(plans) == 0:
         return SearchResult(plans, {}, np.zeros(0, dtype=int), 0)
     return ranked(plans, cost(model, cluster, plans))
@@ -85,8 +87,9 @@ def ranked(plans: PlanArrays, scores: dict) -> SearchResult:
 #
 # Design (the choices the planner makes on top of Optuna):
 #
-# * Search space. One parameter per knob -- tp, cp, pp, vpp, ep, micro_batch, recompute (and ``nodes`` when
-#   the "gpus" objective is asked for) -- each sampled with ``suggest_categorical`` over the fixed, sorted list
+# * Search space. One parameter per knob -- tp, cp, pp, vpp, ep, micro_batch, recompute, zero_stage (1 =
+#   distributed optimizer, 3 = Megatron-FSDP; ``planner.space.ZERO_STAGES``) and ``nodes`` when the "gpus"
+#   objective is asked for -- each sampled with ``suggest_categorical`` over the fixed, sorted list
 #   of the values that occur in the valid plans of ``planner.space`` (the union over every node count when the
 #   GPU count varies). dp is derived (GPUs / (tp*cp*pp)). The lists never change between trials of a study;
 #   they are stored in the study's user attributes and a resumed study with other lists is refused.
@@ -127,7 +130,8 @@ def ranked(plans: PlanArrays, scores: dict) -> SearchResult:
 #   RDB study: run the same ``plan`` command with the same ``--storage`` and ``--study-name`` in several
 #   shells, or pass ``workers=N`` (N spawned processes, each running its share of the trials).
 
-OPTUNA_KNOBS = ("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute")
+OPTUNA_KNOBS = ("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute", "zero_stage")
+"""The sampled knobs; each is also a PlanArrays column (recompute there as its code)."""
 OBJECTIVES = ("time", "memory", "gpus")
 SAMPLERS = ("tpe", "cmaes", "nsga2")
 # Objective values of plans that break a rule, and the scale of the memory penalty used with CMA-ES.
@@ -135,6 +139,9 @@ PENALTY = {"time": 1.0e4, "memory": 1.0e15, "gpus": 1.0e7}
 RULE_WEIGHT = 1000.0
 _RC_NAME = {0: "none", 1: "selective", 2: "full"}
 _RC_CODE = {v: k for k, v in _RC_NAME.items()}
+
+
+FSDP_SEEDS = 2
 
 
 def default_budget(n_valid: int) -> int:
@@ -151,9 +158,16 @@ def _take(a: PlanArrays, idx) -> PlanArrays:
     return PlanArrays(**cols)
 
 
-def _key(a: PlanArrays, i: int) -> tuple[int, ...]:
-    return (int(a.tp[i]), int(a.cp[i]), int(a.pp[i]), int(a.vpp[i]), int(a.ep[i]), int(a.micro_batch[i]),
-            int(a.recompute[i]))
+def _keys(a: PlanArrays) -> list[tuple[int, ...]]:
+    """The knob key (OPTUNA_KNOBS, recompute as its code) of every row."""
+    return list(zip(*(getattr(a, k).astype(np.int64).tolist() for k in OPTUNA_KNOBS)))
+
+
+def _cfg_of_key(key) -> dict:
+    """Knob values of a key (recompute by name)."""
+    cfg = dict(zip(OPTUNA_KNOBS, (int(x) for x in key)))
+    cfg["recompute"] = _RC_NAME[cfg["recompute"]]
+    return cfg
 
 
 @dataclass
@@ -196,9 +210,9 @@ def search_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, vary
         if len(v) == 0:
             continue
         valid[n] = v
-        index[n] = {_key(v, i): i for i in range(len(v))}
-        for col, k in zip(("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute"), OPTUNA_KNOBS):
-            values[k].update(int(x) for x in np.unique(getattr(v, col)))
+        index[n] = {k: i for i, k in enumerate(_keys(v))}
+        for k in OPTUNA_KNOBS:
+            values[k].update(int(x) for x in np.unique(getattr(v, k)))
     choices = {k: sorted(values[k]) for k in OPTUNA_KNOBS}
     choices["recompute"] = [_RC_NAME[c] for c in choices["recompute"]]
     return SearchSpace(model, cluster, global_batch, tuple(n for n in nodes if n in valid), choices, valid, index)
@@ -212,7 +226,10 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
     sharded optimizer states take at most 60% of a GPU (leaving room for activations), and the next deeper
     one (depths that do not divide the layers take the uneven split of ``planner.space``); vpp the largest
     divisor of the layers per stage that keeps at least 4 layers per chunk (1 for uneven splits); micro-batch
-    1; selective recompute; ep = min(8, experts) for MoE models.
+    1; selective recompute; ep = min(8, experts) for MoE models; ZeRO-1 (distributed optimizer). Then
+    Megatron-FSDP (ZeRO-3, pp 1, cp 1) at the two smallest of those tp, as Megatron-Bridge's FSDP recipes run
+    (Llama 3 70B on GB200/GB300: tp1 pp1, data/validation/published_runs.csv); the first FSDP seed comes
+    second, after the recipe's best guess, so that short studies try both kinds of layout.
     """
     from costmodel import memory
     from costmodel.flops import total_params
@@ -248,20 +265,22 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
                 even = m.layers % p == 0
                 vpps = [v for v in ch["vpp"] if per_stage % v == 0 and per_stage // v >= 4] if p > 1 and even else []
                 for vpp in sorted(vpps, reverse=True) + [1]:
-                    key = (tp, cp, p, vpp, ep if m.is_moe else 1, 1, _RC_CODE["selective"])
+                    key = (tp, cp, p, vpp, ep if m.is_moe else 1, 1, _RC_CODE["selective"], 1)
                     if key in index:
                         if key not in seen:
                             seen.add(key)
-                            seeds.append((nodes, key))
+                            seeds.append(key)
                         break
     # Best guesses first: the largest tp (recipe), cp=2 / cp=1 interleaved.
-    seeds.sort(key=lambda s: (tps.index(s[1][0]), s[1][2], s[1][1]))
+    seeds.sort(key=lambda k: (tps.index(k[0]), k[2], k[1]))
+    fsdp = [k for k in ((tp, 1, 1, 1, ep if m.is_moe else 1, 1, _RC_CODE["selective"], FSDP_STAGE)
+                        for tp in sorted(tps)) if k in index][:FSDP_SEEDS]
+    keys = seeds[:1] + fsdp[:1] + seeds[1: max(1, limit - len(fsdp))] + fsdp[1:]
     out = []
-    for nodes_, key in seeds[:limit]:
-        cfg = dict(zip(("tp", "cp", "pp", "vpp", "ep", "micro_batch"), key[:6]))
-        cfg["recompute"] = _RC_NAME[key[6]]
+    for key in keys[:limit]:
+        cfg = _cfg_of_key(key)
         if len(space.nodes) > 1:
-            cfg["nodes"] = nodes_
+            cfg["nodes"] = nodes
         out.append(cfg)
     return out
 
@@ -549,14 +568,12 @@ class _Objective:
             dist = (self._keys[cand] != np.asarray(key)[None, :]).sum(axis=1)
             best = cand[dist == dist.min()]
         row = self._keys[int(rng.choice(best))]
-        cfg = dict(zip(("nodes", "tp", "cp", "pp", "vpp", "ep", "micro_batch"), (int(x) for x in row[:7])))
-        cfg["recompute"] = _RC_NAME[int(row[7])]
-        return cfg
+        return {"nodes": int(row[0]), **_cfg_of_key(row[1:])}
 
     @staticmethod
     def key_of(cfg: dict) -> tuple[int, ...]:
-        return (int(cfg["nodes"]), int(cfg["tp"]), int(cfg["cp"]), int(cfg["pp"]), int(cfg["vpp"]),
-                int(cfg["ep"]), int(cfg["micro_batch"]), _RC_CODE[cfg["recompute"]])
+        """(nodes, *OPTUNA_KNOBS) of a configuration, recompute as its code."""
+        return (int(cfg["nodes"]), *(_RC_CODE[cfg[k]] if k == "recompute" else int(cfg[k]) for k in OPTUNA_KNOBS))
 
     def remember(self, trials) -> None:
         """Fill the cache from finished trials (a resumed study, or other workers)."""
@@ -578,7 +595,8 @@ class _Objective:
             from costmodel.rules import violations
 
             plan = ParallelPlan(tp=tp, pp=pp, vpp=key[3], dp=dp, cp=cp, ep=key[4], sequence_parallel=tp > 1,
-                                micro_batch=key[5], global_batch=sp.global_batch, recompute=cfg["recompute"])
+                                micro_batch=key[5], global_batch=sp.global_batch, recompute=cfg["recompute"],
+                                zero_stage=key[7], distributed_optimizer=key[7] >= 1)
             msgs = violations(sp.model, plan, n_gpus) or ["outside the planner's candidate space "
                                                           "(planner.space.candidate_columns)"]
             return {"config": config, "valid": False, "violations": msgs, "scored": False}
@@ -698,34 +716,48 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
 
 def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tuple[int, bool]:
     """Run n_trials new trials; returns (trials finished, interrupted)."""
+    import signal
+    import threading
+    import time
+
     finished = 0
+    stop = threading.Event()
 
     def cb(study_, trial_):
         nonlocal finished
         finished += 1
         if progress is not None:
             progress(finished, n_trials)
+        if stop.is_set():
+            study_.stop()
 
-    import time
-
+    # Ctrl-C (SIGINT) asks the study to stop after the trial in flight, the way Optuna's own study.stop()
+    # ends a run: a KeyboardInterrupt raised inside Optuna's storage code can be lost or leave it half-way.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     races = 0
-    while finished < n_trials:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            break
-        try:
-            study.optimize(obj, n_trials=n_trials - finished, timeout=left, callbacks=[cb])
-            break
-        except KeyboardInterrupt:
-            return finished, True
-        except ValueError as exc:
-            # Two processes popped the same enqueued trial (SQLite ignores Optuna's SELECT ... FOR UPDATE);
-            # the other one finished it first. Nothing is lost: go on with the remaining trials.
-            races += 1
-            if not str(exc).startswith("Cannot tell a") or races > 100:
-                raise
-    return finished, False
+    try:
+        while finished < n_trials and not stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            try:
+                study.optimize(obj, n_trials=n_trials - finished, timeout=left, callbacks=[cb])
+                break
+            except KeyboardInterrupt:
+                return finished, True
+            except ValueError as exc:
+                # Two processes popped the same enqueued trial (SQLite ignores Optuna's SELECT ... FOR UPDATE);
+                # the other one finished it first. Nothing is lost: go on with the remaining trials.
+                races += 1
+                if not str(exc).startswith("Cannot tell a") or races > 100:
+                    raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return finished, stop.is_set()
 
 
 def _concat_scores(parts: list[dict]) -> dict:

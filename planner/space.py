@@ -3,6 +3,20 @@
 Degrees are powers of two (tp, cp, ep bounded by the NVLink domain / expert count), pp a divisor of the
 layers, vpp a divisor of the layers per stage, dp what is left of the world size. Only plans that pass
 every rule of ``costmodel.rules`` are returned; fitting in memory is the search's business.
+
+Data-parallel sharding (``zero_stage``, ZERO_STAGES): every layout runs with Megatron's distributed
+optimizer (ZeRO-1: optimizer states sharded over dp x cp), and layouts without pipeline parallelism and
+with dp*cp > 1 also with Megatron-FSDP ``optim_grads_params`` (ZeRO-3: weights, gradients and optimizer
+states sharded; weights gathered per layer for every micro-batch's forward and backward, gradients
+reduce-scattered after every backward). Left out, on purpose:
+
+* ZeRO-3 with pp > 1: megatron-core 0.16 rejects it (``costmodel.rules``, rule ``fsdp_pipeline``).
+* ZeRO-3 with dp*cp = 1: nothing to shard over; the same plan as ZeRO-1.
+* ZeRO-2 (``optim_grads``): Megatron-FSDP reduce-scatters the gradients after every backward
+  (``megatron_fsdp.py``: "With gradient-sharding strategies, gradient reduction occurs on every backward
+  propagation"), while ``costmodel.estimate`` prices ZeRO-2 gradient traffic like ZeRO-1's (once per
+  step), which would make it look like memory for free; the layouts it would save fit under ZeRO-3 too.
+* ZeRO-0 (no distributed optimizer): the same traffic as ZeRO-1 with more memory, never better.
 """
 
 from __future__ import annotations
@@ -18,6 +32,9 @@ from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODE.items()}
 MICRO_BATCHES = (1, 2, 4, 8)
 MAX_VPP = 16
+ZERO_STAGES = (1, 3)
+"""ZeRO stages the search enumerates (see the module docstring for why not 0 and 2)."""
+FSDP_STAGE = 3
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -40,8 +57,15 @@ def default_global_batch(model: ModelSpec, num_gpus: int) -> int:
 
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
-                      recompute: tuple[str, ...] = ("none", "selective", "full")) -> dict[str, np.ndarray]:
-    """All combinations of degrees and knobs (before the rules)."""
+                      recompute: tuple[str, ...] = ("none", "selective", "full"),
+                      zero_stages: tuple[int, ...] = ZERO_STAGES) -> dict[str, np.ndarray]:
+    """All combinations of degrees and knobs (before the rules); ZeRO stages >= 2 only where they shard
+    something (dp*cp > 1) and Megatron-FSDP runs (pp = 1)."""
+    bad = sorted(set(zero_stages) - {0, 1, 2, 3})
+    if bad or not zero_stages:
+        from costmodel.profiles import InputError
+
+        raise InputError(f"zero_stages {list(zero_stages)}: valid ZeRO stages are 0, 1, 2, 3 (at least one)")
     n = cluster.num_gpus
     tps = [t for t in _pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
     cps = [c for c in _pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
@@ -65,9 +89,10 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
             vpps = [v for v in range(1, MAX_VPP + 1) if per_stage >= v] if pp > 1 else [1]
         else:
             vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
-        for vpp, mbs, rc in itertools.product(vpps, micro_batches, recompute):
-            rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc], uneven))
-    names = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute", "uneven")
+        zeros = [z for z in zero_stages if z < 2 or (pp == 1 and dp * cp > 1)]
+        for vpp, mbs, rc, zero in itertools.product(vpps, micro_batches, recompute, zeros):
+            rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc], uneven, zero))
+    names = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute", "uneven", "zero_stage")
     if not rows:
         return {k: np.zeros(0) for k in names}
     arr = np.array(rows, dtype=float)
@@ -75,6 +100,7 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     cols["uneven"] = cols["uneven"].astype(bool)
     cols["global_batch"] = np.full(len(arr), float(global_batch))
     cols["sp"] = cols["tp"] > 1
+    cols["distributed_optimizer"] = cols["zero_stage"] >= 1
     return cols
 
 
@@ -98,7 +124,7 @@ def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw)
     if len(cols["tp"]) == 0:
         return PlanArrays.from_columns(0, global_batch=global_batch)
     mask_cols = {k: cols[k].astype(np.int64) for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch",
-                                                      "global_batch")}
+                                                      "global_batch", "zero_stage")}
     mask_cols["sequence_parallel"] = cols["sp"]
     mask_cols["uneven"] = cols["uneven"]
     ok = valid_mask(model, mask_cols, cluster.num_gpus)

@@ -150,7 +150,9 @@ def test_expert_tensor_parallelism_is_costed():
 def test_skew_changes_the_planners_choice(qwen, h100, tmp_path):
     hist = [[int(x * 1e6) for x in skewed(qwen.num_experts, 4)]] * qwen.moe_layers
     routing = load_routing(str(write_hist(tmp_path / "summary.json", hist)), qwen)
-    rs = routed_search(qwen, h100, 1024, routing)
+    # Distributed optimizer only: Megatron-FSDP layouts at ep=1 keep every expert local and can sidestep the
+    # skew altogether, which is not what this test is about.
+    rs = routed_search(qwen, h100, 1024, routing, zero_stages=(1,))
     res = rs.result
     best, bal = int(res.order[0]), rs.balanced_best
     p_best, p_bal = res.plan(0), res.split_plan(0)

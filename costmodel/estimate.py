@@ -40,6 +40,22 @@ STEP_OVERHEAD_S = 0.02
 # Host-device synchronisation and launch overhead of one MoE layer pass (router top-k, token-count
 # exchange of the dropless all-to-all dispatcher, permutation kernels, grouped-GEMM launch).
 MOE_LAYER_OVERHEAD_S = 250e-6
+# Host (CPU) time to issue one MoE layer's forward pass (megatron-core + Transformer Engine, eager). The
+# dropless all-to-all dispatcher copies the per-expert token counts to the host in every layer (the
+# all-to-all splits and the grouped-GEMM sizes are host lists), a device-to-host sync, so the CPU cannot run
+# ahead of the GPU across MoE layers: a layer takes at least its host time (Megatron-Core MoE report,
+# arXiv:2603.07685, "host-boundedness"; TaxBreak, arXiv:2603.12465: MoE models issue 8-11x the kernels of
+# dense ones and host CPU speed is first-order for them). Estimate: about 50 framework ops in the attention
+# block, router and dispatcher at about 25 us of host time each (5-25 us of dispatch per eager PyTorch op
+# plus Transformer Engine module bookkeeping) ...
+MOE_HOST_FIXED_S = 1.25e-3
+# ... plus the grouped MLP's work per local expert: fc1 and fc2 each split the input, quantise it, fetch the
+# weight workspace, save tensors for backward and launch one cuBLAS GEMM (Transformer Engine's GroupedLinear
+# loops over the experts in Python; TE issue #1499: its host time is per-GEMM torch.split/torch.empty calls;
+# TE issue #2897: a 64-expert grouped MLP block takes 1.2 ms forward / 2.1 ms backward of host time even in
+# the fused path). Backward issues twice this (dgrad and wgrad per expert GEMM, gradient quantisation, one
+# megatron-core grad hook per expert weight).
+MOE_HOST_PER_EXPERT_S = 90e-6
 # Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
 P2P_FIXED_S = 60e-6
 
@@ -295,6 +311,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         moe_gemm = t_attn_proj + t_shared + t_router + t_experts
         moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed + t_host
         moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed + 2 * t_host
+        # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
+        # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it.
+        t_moe_host = (MOE_HOST_FIXED_S + E / ep * MOE_HOST_PER_EXPERT_S) * cal.moe_overhead * (prof.kind == "gpu")
+        moe_f = np.maximum(moe_f, t_moe_host)
+        moe_b = np.maximum(moe_b, 2 * t_moe_host)
     else:
         moe_f = moe_b = mb_moe = np.zeros(n)
         t_a2a = np.zeros(n)
@@ -458,7 +479,8 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         details["grad_compression_s"] = t_compress.max(axis=1)
     if model.is_moe:
         details.update({"experts_s": t_experts, "shared_s": t_shared, "router_s": t_router,
-                        "memory_bound_moe_s": mb_moe, "moe_fixed_s": np.full(n, t_moe_fixed)})
+                        "memory_bound_moe_s": mb_moe, "moe_fixed_s": np.full(n, t_moe_fixed),
+                        "moe_host_s": t_moe_host})
     return {
         "details": details,
         "step_time_s": step,

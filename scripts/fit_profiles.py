@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from costmodel.profiles import Calibration, _load_profile_file  # noqa: E402
+from costmodel.profiles import Calibration, _parse_profile_file  # noqa: E402
 from costmodel.validate import fit_profiles, load_cases  # noqa: E402
 
 DATA = ROOT / "data" / "validation" / "published_runs.csv"
@@ -44,7 +44,7 @@ def write_block(path: Path, calibration: Calibration) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + block
     path.write_text(text)
-    _load_profile_file.cache_clear()
+    _parse_profile_file.cache_clear()   # the loader caches parsed files by path, mtime and size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,53 @@
+"""The host (CPU) floor of dropless MoE layers: a layer cannot finish before the host has issued it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.estimate import MOE_HOST_FIXED_S, MOE_HOST_PER_EXPERT_S, PlanArrays, estimate_arrays
+from costmodel.profiles import load_cluster, load_profile
+
+MODEL = get_model("qwen3-30b-a3b")          # 128 small experts (ffn 768): little GPU work per layer
+CLUSTER = load_cluster("b200x1024")
+PROF = load_profile(CLUSTER.gpu)
+
+
+def _details(**cols) -> dict:
+    plans = PlanArrays.from_columns(**{"tp": 1, "pp": 1, "global_batch": 512, "recompute": 0, **cols})
+    return estimate_arrays(MODEL, CLUSTER, plans, profile=PROF)["details"]
+
+
+def test_host_floor_is_fixed_plus_per_local_expert():
+    d = _details(dp=8, ep=np.array([8.0, 32.0]), micro_batch=1)
+    want = [(MOE_HOST_FIXED_S + MODEL.num_experts / ep * MOE_HOST_PER_EXPERT_S) * PROF.calibration.moe_overhead
+            for ep in (8, 32)]
+    assert d["moe_host_s"] == pytest.approx(want, rel=1e-12)
+    assert d["moe_host_s"][1] < d["moe_host_s"][0]          # fewer local experts, less to issue
+
+
+def test_small_micro_batch_is_host_bound_large_is_not():
+    d = _details(dp=8, ep=8, micro_batch=np.array([1.0, 16.0]))
+    host = d["moe_host_s"]
+    # One 4k-token micro-batch: the layer's GPU work is shorter than its host time, so the layer takes the
+    # host time (forward) and twice it (backward) ...
+    assert d["layer_moe_fwd_s"][0] == pytest.approx(host[0])
+    assert d["layer_moe_bwd_s"][0] == pytest.approx(2 * host[0])
+    # ... while 16 sequences per micro-batch are GPU-bound, and 16x the tokens cost less than 16x the time.
+    assert d["layer_moe_fwd_s"][1] > host[1]
+    assert d["layer_moe_fwd_s"][1] < 16 * d["layer_moe_fwd_s"][0]
+
+
+def test_cpu_host_profile_has_no_separate_floor():
+    host_prof = PROF.model_copy(update={"kind": "host"})
+    plans = PlanArrays.from_columns(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=512, recompute=0)
+    d = estimate_arrays(MODEL, CLUSTER, plans, profile=host_prof)["details"]
+    assert d["moe_host_s"][0] == 0.0
+
+
+def test_dense_model_unaffected():
+    dense = get_model("llama3-8b")
+    plans = PlanArrays.from_columns(tp=1, pp=1, dp=8, micro_batch=1, global_batch=128, recompute=0)
+    d = estimate_arrays(dense, CLUSTER, plans, profile=PROF)["details"]
+    assert "moe_host_s" not in d

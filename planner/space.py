@@ -104,16 +104,18 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     return cols
 
 
-def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: int, vpp: int = 1) -> tuple[int, ...]:
-    """The exact min-max stage split for a pipeline depth that does not divide the layers, solved once
-    per depth on a representative plan (the split depends on the edge-stage costs relative to a layer,
-    which the other degrees barely change)."""
+def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: int, vpp: int = 1,
+                 tp: int | None = None, ep: int | None = None) -> tuple[int, ...]:
+    """The exact min-max stage split for a pipeline depth that does not divide the layers, solved on a
+    representative plan of that depth, tp and ep (the split depends on the edge-stage and dense-layer costs
+    relative to a MoE layer, which tp and ep change; micro-batch and recompute barely do)."""
     from planner.split import best_split
 
-    tp = min(8, cluster.domain_gpus, cluster.num_gpus // pp)
+    tp = tp or min(8, cluster.domain_gpus, cluster.num_gpus // pp)
     dp = max(1, cluster.num_gpus // (tp * pp))
-    rep = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, global_batch=global_batch, recompute="selective",
-                       ep=min(model.num_experts, 8) if model.is_moe and model.num_experts % 8 == 0 else 1)
+    if ep is None:
+        ep = min(model.num_experts, 8) if model.is_moe and model.num_experts % 8 == 0 else 1
+    rep = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, global_batch=global_batch, recompute="selective", ep=ep)
     return best_split(model, cluster, rep, memory=False).layers_per_stage
 
 
@@ -134,9 +136,10 @@ def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw)
     if uneven.any():
         max_pp = int(plans.pp.max())
         sl = np.full((len(plans), max_pp), np.nan)
-        for pp, vpp in sorted({(int(a), int(b)) for a, b in zip(plans.pp[uneven], plans.vpp[uneven])}):
-            split = uneven_split(model, cluster, pp, global_batch, vpp)
-            rows = uneven & (plans.pp == pp) & (plans.vpp == vpp)
+        keys = zip(plans.pp[uneven], plans.vpp[uneven], plans.tp[uneven], plans.ep[uneven])
+        for pp, vpp, tp, ep in sorted({tuple(int(x) for x in k) for k in keys}):
+            split = uneven_split(model, cluster, pp, global_batch, vpp, tp=tp, ep=ep)
+            rows = uneven & (plans.pp == pp) & (plans.vpp == vpp) & (plans.tp == tp) & (plans.ep == ep)
             sl[rows] = 0.0
             sl[np.ix_(rows, np.arange(pp))] = split
         plans.stage_layers = sl

@@ -19,7 +19,7 @@ from costmodel.estimate import estimate, estimate_arrays
 from costmodel.fit import Measurement, host_factors, relevant_factors
 from costmodel.profiles import HardwareProfile, InputError, load_profile
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
-from executor.calibrate import calibrate
+from executor.calibrate import calibrate, plan_label
 from executor.launch import launch, preflight
 from planner.search import exhaustive
 
@@ -45,13 +45,6 @@ class AutotuneResult:
     winner: Trial
     reason: str
     final: dict = field(default_factory=dict)
-
-
-def plan_label(plan: ParallelPlan) -> str:
-    s = f"tp{plan.tp} pp{plan.pp}"
-    s += f" vpp{plan.vpp}" if plan.vpp > 1 else ""
-    s += f" dp{plan.dp}" + (f" ep{plan.ep}" if plan.ep > 1 else "")
-    return s + f" mb{plan.micro_batch} {plan.recompute}"
 
 
 def ranked_runnable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, profile: HardwareProfile,

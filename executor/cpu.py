@@ -137,10 +137,11 @@ def apply() -> None:
 
     torch_norm.WrappedTorchNorm.__new__ = norm_new
 
-    # MoE: the router GEMM falls back to torch when Transformer Engine is absent.
+    # MoE: without Transformer Engine moe_utils never defines te_general_gemm, yet the router reads it;
+    # None selects its torch fallback.
     from megatron.core.transformer.moe import moe_utils
 
-    if getattr(moe_utils, "te_general_gemm", None) is None:
+    if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
     # gloo's all_to_all_single wants plain lists for split sizes.

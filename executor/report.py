@@ -27,7 +27,7 @@ def calibration_table(report: dict) -> None:
 
 
 def autotune_table(res) -> None:
-    from executor.autotune import plan_label
+    from executor.calibrate import plan_label
 
     t = Table(title="autotune: predicted, measured, re-predicted after calibration")
     for col in ("#", "plan", "predicted ms", "measured ms", "calibrated ms", "note"):

@@ -46,11 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def load_plan(path: str) -> tuple[ModelSpec, ParallelPlan]:
-    data = json.loads(Path(path).read_text())
-    return ModelSpec.model_validate(data["model"]), ParallelPlan.model_validate(data["plan"])
-
-
 # Process set-up ---------------------------------------------------------------------------------------
 def _init_distributed(plan: ParallelPlan):
     import datetime
@@ -260,7 +255,9 @@ def train(args: argparse.Namespace) -> dict:
 
     from executor.data import SyntheticTask, TokenFile, microbatches
 
-    model, plan = load_plan(args.plan)
+    from executor.launch import read_plan
+
+    model, plan = read_plan(args.plan)
     cuda = _init_distributed(plan)
     world = torch.distributed.get_world_size()
     if world != plan.world_size:

@@ -357,7 +357,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     p2p_bytes = tokens * h * eb / np.where(sp, tp, 1.0)
     t_p2p = comm.collective_time_s(prof, cluster, "send_recv", p2p_bytes, 2 * np.ones(n), np.ones(n),
                                    np.where(pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
-    p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * fw["p2p_exposed"] * cal.comm_exposed, 0.0)
+    # Megatron overlaps pipeline send/recv with compute only in the interleaved schedule: without virtual
+    # stages it turns overlap_p2p_comm off (megatron/training/arguments.py: "non-interleaved schedule does
+    # not support overlapping p2p communication") and each hop waits on its blocking batched send/recv.
+    p2p_exposed = np.where(vpp > 1, fw["p2p_exposed"], 1.0)
+    p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * p2p_exposed * cal.comm_exposed, 0.0)
     stage_time = stage_f + stage_b + stage_rec + col(p2p_stage)
     pipe_s, bubble_s = pipeline.pipeline_time_s(stage_time, st.weight, m, vpp)
 

@@ -306,7 +306,9 @@ def _compose(model, cluster, gcl, profs, p: HeteroPlan, i: int, rows, outs, seq_
     for s, t in bounds:
         cross = _crossing_s(model, cluster, gcl, profs, p, s, t)
         for j in (s, t):
-            exposed = FRAMEWORK[p.framework]["p2p_exposed"] * profs[p.stage_groups[j]].calibration.comm_exposed
+            # Blocking send/recv without virtual stages, as in estimate_arrays.
+            overlap = FRAMEWORK[p.framework]["p2p_exposed"] if p.vpp > 1 else 1.0
+            exposed = overlap * profs[p.stage_groups[j]].calibration.comm_exposed
             extra[j] += p.vpp * max(cross - own_hop[j], 0.0) * exposed
     stage_t = stage_t + extra
     m = p.num_microbatches

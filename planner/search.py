@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -476,6 +477,16 @@ def _constraints_func(trial) -> tuple[float, float]:
     return (float(c.get("rules", 0.0)), float(c.get("memory", 0.0)))
 
 
+def _raw(ev: dict) -> dict[str, float]:
+    """Every objective's value of a valid evaluation, unpenalised."""
+    return {"time": ev["step_time_s"], "memory": ev["peak_memory_bytes"], "gpus": float(ev["config"]["num_gpus"])}
+
+
+def _overflow(ev: dict) -> float:
+    """How far a valid evaluation's peak memory exceeds the capacity (negative: headroom), as a fraction."""
+    return ev["peak_memory_bytes"] / ev["memory_capacity_bytes"] - 1.0
+
+
 class _Objective:
     """Optuna objective over a SearchSpace; caches every configuration the study has seen."""
 
@@ -550,10 +561,7 @@ class _Objective:
     def nearest_unseen(self, key: tuple[int, ...] | None, seen: set, rng) -> dict | None:
         """A valid configuration not in ``seen`` that differs from ``key`` in the fewest knobs (any, at
         random, when key is None)."""
-        if self._keys is None:
-            rows = [(n, *k) for n in self.space.nodes for k in self.space.index[n]]
-            self._keys = np.array(rows, dtype=np.int64)
-            self._row = {tuple(r): i for i, r in enumerate(rows)}
+        self._valid_keys()
         free = np.ones(len(self._keys), dtype=bool)
         for k in seen:
             i = self._row.get(k)
@@ -569,6 +577,70 @@ class _Objective:
             best = cand[dist == dist.min()]
         row = self._keys[int(rng.choice(best))]
         return {"nodes": int(row[0]), **_cfg_of_key(row[1:])}
+
+    def _valid_keys(self) -> np.ndarray:
+        """Every valid configuration key (nodes, *OPTUNA_KNOBS), one row each."""
+        if self._keys is None:
+            rows = [(n, *k) for n in self.space.nodes for k in self.space.index[n]]
+            self._keys = np.array(rows, dtype=np.int64).reshape(-1, 1 + len(OPTUNA_KNOBS))
+            self._row = {tuple(r): i for i, r in enumerate(rows)}
+        return self._keys
+
+    def _ordinals(self) -> list[list[int]]:
+        """Per key position (nodes, then OPTUNA_KNOBS), the sorted values as they appear in keys."""
+        vals = {k: ([_RC_CODE[v] for v in ch] if k == "recompute" else [int(v) for v in ch])
+                for k, _, ch in self._names()}
+        return [vals["nodes"], *(vals[k] for k in OPTUNA_KNOBS)]
+
+    def neighbours(self, key: tuple[int, ...], repair: bool = False) -> list[tuple[int, ...]]:
+        """Valid configurations one step from ``key``: one knob (``nodes`` included) moved to the next
+        smaller or larger value of its sorted list, the others kept. With ``repair``, the steps that break
+        a rule instead (pp 8 -> 16 where the layers per stage do not take vpp 15; cp 8 -> 4 where dp x
+        micro-batch no longer divides the batch), each made valid again by moving one other knob to its
+        nearest value that is (one configuration per other knob)."""
+        keys, ords = self._valid_keys(), self._ordinals()
+        out = []
+        for pos, vals in enumerate(ords):
+            if key[pos] not in vals:
+                continue
+            at = vals.index(key[pos])
+            for step in (-1, 1):
+                if not 0 <= at + step < len(vals):
+                    continue
+                cand = (*key[:pos], vals[at + step], *key[pos + 1:])
+                ok = cand[1:] in self.space.index.get(cand[0], {})
+                if ok and not repair:
+                    out.append(cand)
+                if ok or not repair or len(keys) == 0:
+                    continue
+                diff = keys != np.asarray(cand)[None, :]
+                one = np.flatnonzero(diff.sum(axis=1) == 1)
+                by_knob: dict[int, tuple[int, tuple]] = {}
+                for r in one:
+                    b = int(np.flatnonzero(diff[r])[0])
+                    if b == pos:   # ``key`` itself, or another step of the same knob
+                        continue
+                    dist = abs(ords[b].index(int(keys[r, b])) - ords[b].index(cand[b])) if cand[b] in ords[b] else 0
+                    if b not in by_knob or dist < by_knob[b][0]:
+                        by_knob[b] = (dist, tuple(int(x) for x in keys[r]))
+                out.extend(v for _, v in sorted(by_knob.values()))
+        return out
+
+    def ranked_keys(self, penalised: bool = False) -> list[tuple[int, ...]]:
+        """Keys of the valid configurations evaluated so far, best first: plans that fit by the first
+        objective, then plans that do not by how far they overflow memory; with ``penalised``, all of them
+        by the first objective times (1 + overflow), so that a fast plan just over the memory comes early."""
+        rows = []
+        for key, ev in self.cache.items():
+            if not ev.get("valid"):
+                continue
+            raw, overflow = _raw(ev)[self.objectives[0]], _overflow(ev)
+            if penalised:
+                rows.append(((raw * (1.0 + max(0.0, overflow)),), key))
+            else:
+                rows.append(((0, raw) if overflow <= 0 else (1, overflow), key))
+        rows.sort()
+        return [k for _, k in rows]
 
     @staticmethod
     def key_of(cfg: dict) -> tuple[int, ...]:
@@ -613,8 +685,7 @@ class _Objective:
             n = len(ev["violations"])
             return ([PENALTY[o] * (RULE_WEIGHT + n) for o in self.objectives],
                     {"rules": RULE_WEIGHT * n, "memory": 0.0})
-        overflow = ev["peak_memory_bytes"] / ev["memory_capacity_bytes"] - 1.0
-        raw = {"time": ev["step_time_s"], "memory": ev["peak_memory_bytes"], "gpus": float(ev["config"]["num_gpus"])}
+        overflow, raw = _overflow(ev), _raw(ev)
         vals = [raw[o] for o in self.objectives]
         if self.penalise and overflow > 0:
             vals = [PENALTY[o] * (1.0 + overflow) for o in self.objectives]
@@ -760,6 +831,109 @@ def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tup
     return finished, stop.is_set()
 
 
+POLISH_FRACTION = 0.2
+"""Share of a single-objective study's new trials kept for ``_polish``, the sweep around the best plans."""
+
+
+def polish_budget(n_trials: int, objectives: tuple[str, ...]) -> int:
+    """Trials of ``_polish`` among ``n_trials`` new ones (none for a multi-objective study, whose front
+    has no single best plan to sweep around)."""
+    return int(round(n_trials * POLISH_FRACTION)) if len(objectives) == 1 else 0
+
+
+def _shifted(progress, offset: int, total: int):
+    """A progress callback of a later phase: its own count offset by the trials of the earlier ones."""
+    return None if progress is None else (lambda done, _n: progress(offset + done, total))
+
+
+def _remaining(deadline):
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+FAMILY_SLACK = 1.5
+"""``_polish`` climbs from the best plan of another ZeRO stage when it is at most this much slower than the best
+found (a sweep of its knobs may bring it that far; 175B on 1,024 A100: FSDP tp8 at 1.20x the best pipelined plan,
+tp4 beats it)."""
+
+
+def _moves(a: tuple[int, ...], b: tuple[int, ...]) -> set[tuple[int, int]]:
+    """(key position, direction) of every knob that differs between two configuration keys."""
+    return {(i, 1 if y > x else -1) for i, (x, y) in enumerate(zip(a, b)) if x != y}
+
+
+def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[int, bool]:
+    """Hill-climb from the best plans found, one trial at a time: try the unseen valid neighbours
+    (``_Objective.neighbours``: one knob one step away, or, when those are spent, a step that breaks a rule
+    repaired by a second knob) of the first plan that still has one: the best plan, the best that fits of
+    each ZeRO stage, plans faster than the best that overflow memory, then every plan by its objective times (1 + memory overflow), so that the neighbours of a fast
+    plan just over the memory (recompute, micro-batch) are tried too; the first that beats it becomes the new best, and its neighbours along the move that
+    won are tried first (vpp 4 -> 5 -> 6 ...). Stops when ``budget`` trials are spent or no plan has an
+    unseen neighbour.
+
+    TPE samples each knob from a density over the good trials; near the optimum it settles on values that
+    are good together (vpp 6 with no recompute, vpp 7 with selective) and can miss the one combination of
+    them that is best. A sweep along the knobs from the incumbent finds it in a few trials. Returns (trials
+    finished, interrupted)."""
+    import optuna
+
+    done, favoured = 0, set()
+    obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    while done < budget and _remaining(deadline) != 0.0:
+        seen, ranking = set(obj.cache), obj.ranked_keys()
+        # Climb from the best plan first, then from the best that fits of each ZeRO stage when within
+        # FAMILY_SLACK of it (Megatron-FSDP plans, pp 1, lie several knobs away from pipelined ones, out of
+        # reach of single steps), then from plans that beat the best but overflow memory (a step in
+        # recompute or micro-batch may bring them in), then from all by objective x (1 + overflow).
+        raw = {k: _raw(obj.cache[k])[obj.objectives[0]] for k in ranking}
+        best_raw = raw[ranking[0]] if ranking else 0.0
+        fitting = [k for k in ranking if _overflow(obj.cache[k]) <= 0]
+        first: dict[int, tuple] = {}
+        for k in fitting:
+            first.setdefault(k[-1], k)
+        family_best = [k for k in first.values() if raw[k] <= FAMILY_SLACK * best_raw]
+        penalised = obj.ranked_keys(penalised=True)
+        over = [k for k in penalised if _overflow(obj.cache[k]) > 0 and raw[k] < best_raw]
+        start, batch = None, []
+        for key in dict.fromkeys(ranking[:1] + family_best + over + penalised):
+            batch = [k for k in obj.neighbours(key) if k not in seen]
+            batch = batch or list(dict.fromkeys(k for k in obj.neighbours(key, repair=True) if k not in seen))
+            if batch:
+                start = key
+                break
+        if not batch:
+            break
+        batch.sort(key=lambda k: not (_moves(start, k) & favoured))
+        top = ranking[0]
+        for k in batch[: budget - done]:
+            study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}))
+            finished, interrupted = _optimize(study, obj, 1, _remaining(deadline), _shifted(progress, done, budget))
+            done += finished
+            if interrupted or not finished:
+                return done, interrupted
+            if obj.ranked_keys()[0] != top:   # a new best: climb on from it
+                favoured = _moves(start, k)
+                break
+    return done, False
+
+
+def _search(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tuple[int, bool]:
+    """``n_trials`` new trials in this process: the sampler's, then ``_polish`` (``polish_budget`` of
+    them), then the sampler's again for any of the polish budget left over. Returns (trials finished,
+    interrupted)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    n_polish = polish_budget(n_trials, obj.objectives)
+    finished, interrupted = _optimize(study, obj, n_trials - n_polish, timeout_s, _shifted(progress, 0, n_trials))
+    if interrupted or finished < n_trials - n_polish:
+        return finished, interrupted
+    more, interrupted = _polish(study, obj, n_polish, deadline, _shifted(progress, finished, n_trials))
+    finished += more
+    if not interrupted and finished < n_trials and _remaining(deadline) != 0.0:
+        more, interrupted = _optimize(study, obj, n_trials - finished, _remaining(deadline),
+                                      _shifted(progress, finished, n_trials))
+        finished += more
+    return finished, interrupted
+
+
 def _concat_scores(parts: list[dict]) -> dict:
     if len(parts) == 1:
         return parts[0]
@@ -898,19 +1072,25 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                 return OptunaResult(empty, {}, np.zeros(0, dtype=int), 0, objectives=objectives,
                                     pareto=np.zeros(0, dtype=int), nodes=np.zeros(0, dtype=int), sampler=name)
             if workers == 1:
-                finished, interrupted = _optimize(study, obj, n_trials, timeout_s, progress)
+                finished, interrupted = _search(study, obj, n_trials, timeout_s, progress)
                 evaluations = obj.evaluations
             else:
-                # The enqueued seeds run here first, so that the workers never race for waiting trials.
+                # The enqueued seeds run here first, so that the workers never race for waiting trials; the
+                # polish sweep runs here last, over every worker's trials.
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                n_sampled = n_trials - polish_budget(n_trials, objectives)
                 waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-                finished, interrupted = _optimize(study, obj, min(waiting, n_trials), timeout_s, progress)
-                evaluations = obj.evaluations
-                if not interrupted and finished < n_trials:
+                finished, interrupted = _optimize(study, obj, min(waiting, n_sampled), timeout_s, progress)
+                if not interrupted and finished < n_sampled:
                     more, interrupted, ev = _run_workers(
-                        study, model, cluster, global_batch, cost, sampler_name, n_trials - finished, objectives,
-                        storage, study_name, seed, None if progress is None else
-                        (lambda d, n, f=finished: progress(f + d, f + n)), timeout_s, workers)
-                    finished, evaluations = finished + more, evaluations + ev
+                        study, model, cluster, global_batch, cost, sampler_name, n_sampled - finished, objectives,
+                        storage, study_name, seed, _shifted(progress, finished, n_trials), timeout_s, workers)
+                    finished, obj.evaluations = finished + more, obj.evaluations + ev
+                if not interrupted and finished < n_trials:
+                    more, interrupted = _polish(study, obj, n_trials - finished, deadline,
+                                                _shifted(progress, finished, n_trials))
+                    finished += more
+                evaluations = obj.evaluations
             return _result(space, study, cost, objectives, name, finished, evaluations, interrupted,
                            study_name, storage)
     finally:

@@ -63,7 +63,7 @@ def ranked_table(rows: list[dict], title: str) -> Table:
     for col, just in (("#", "right"), ("layout", "left"), ("mbs", "right"), ("recompute", "left"),
                       ("step s", "right"), ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GB", "right"),
                       ("headroom", "right"), ("compute", "right"), ("bubble", "right"), ("exposed comm", "right")):
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, no_wrap=col in ("layout", "recompute"))
     for r in rows:
         p, b = r["plan"], r["breakdown_s"]
         comm = sum(v for k, v in b.items() if k.endswith("comm_exposed"))
@@ -152,8 +152,18 @@ def group_table(groups: dict[str, dict], title: str) -> Table:
     return t
 
 
+PIPE_WIDTH = 200
+"""Columns of tables written to a pipe or file (rich would wrap them at 80); COLUMNS overrides it."""
+
+
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False)
+    """A console for the tables: the terminal's width, or PIPE_WIDTH when the stream is not a terminal."""
+    import os
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def one_f_one_b_timeline(fwd_s: list[float], bwd_s: list[float], m: int) -> list[list[tuple[str, int, float, float]]]:

@@ -1193,16 +1193,17 @@ def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, re
     cap = float(result.scores["memory_capacity_bytes"][i])
     parts = {k: float(result.scores[k][i]) for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                      "activations_bytes")}
+    from planner.report import layout
+
     top = max(parts, key=parts.get).removesuffix("_bytes")
     p = to_plan(result.plans, i)
-    msg = (f"no layout fits: the closest (tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} ep{p.ep}, {p.recompute} recompute, "
-           f"micro-batch {p.micro_batch}) needs {peak / 1e9:.0f} GB per GPU against {cap / 1e9:.0f} GB usable, "
-           f"mostly {top}")
+    msg = (f"no layout fits: the closest ({layout(p.model_dump())}, {p.recompute} recompute, micro-batch "
+           f"{p.micro_batch}) needs {peak / 1e9:.0f} GB per GPU against {cap / 1e9:.0f} GB usable, mostly {top}")
     for k in range(1, max_doublings + 1):
         bigger = cluster.model_copy(update={"nodes": cluster.nodes * 2**k})
         res = exhaustive(model, bigger, global_batch, cost)
         if res.any_fits:
             q = to_plan(res.plans, int(res.order[0]))
             return (msg + f"; smallest change that fits: {bigger.num_gpus} GPUs ({bigger.nodes} nodes) with "
-                    f"tp{q.tp} pp{q.pp} dp{q.dp} cp{q.cp}, {q.recompute} recompute")
+                    f"{layout(q.model_dump())}, {q.recompute} recompute, micro-batch {q.micro_batch}")
     return msg + f"; even {cluster.num_gpus * 2**max_doublings} GPUs do not fit it: a GPU with more memory is needed"

@@ -128,6 +128,9 @@ class HardwareProfile(_Frozen):
     """Dense peak FLOP/s per dtype (no sparsity)."""
     gemm_max_efficiency: dict[DType, Sourced]
     """Best-shape achieved matmul efficiency (MAMF / peak) per dtype."""
+    emulated_dtypes: tuple[DType, ...] = ()
+    """Dtypes the GPU has no tensor-core support for, listed in peak_flops with another dtype's figures so
+    that plans in them can still be costed (V100: bf16 with the fp16 figures); ``supports`` says no."""
     gemm_half_efficiency_dim: float = Field(default=512.0, gt=0)
     """Shape model: efficiency falls as d/(d + this) in the smallest GEMM dimension d."""
     gemm_efficiency_cap: float | None = Field(default=None, gt=0, le=1)
@@ -170,6 +173,13 @@ class HardwareProfile(_Frozen):
         if "bf16" not in self.peak_flops:
             raise ValueError("peak_flops needs at least a bf16 entry")
         return self
+
+    def supports(self, precision: str) -> bool:
+        """Whether the GPU trains in ``precision`` (a ModelSpec precision) natively. MXFP8 and NVFP4 are
+        the block-scaled formats of Blackwell's tensor cores, the generation that adds fp4 (Transformer
+        Engine: the MXFP8 and NVFP4 recipes need compute capability 10.0), so they go with an fp4 peak."""
+        need = {"mxfp8": "fp4", "nvfp4": "fp4"}.get(precision, precision)
+        return need in self.peak_flops and need not in self.emulated_dtypes
 
     def peak(self, dtype: str) -> float:
         """Dense peak for a GEMM dtype, falling back to the next wider type."""

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -51,7 +52,29 @@ def _model_cluster(args):
 
     model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
     cluster = load_cluster(args.cluster)
-    return model, cluster
+    return _native_precision(model, cluster, explicit=args.precision is not None), cluster
+
+
+def _native_precision(model, cluster, explicit: bool):
+    """The model in a precision every GPU of the cluster runs: a default bf16 becomes fp16 mixed precision
+    on GPUs without bf16 (V100), with a note; anything else they lack is a one-line error."""
+    from typing import get_args
+
+    from costmodel.profiles import load_profile
+    from costmodel.specs import Precision
+
+    gpus = [g.gpu for g in cluster.device_groups] if cluster.device_groups else [cluster.gpu]
+    profs = [load_profile(g) for g in dict.fromkeys(gpus)]
+    lacking = [p.name for p in profs if not p.supports(model.precision)]
+    if not lacking:
+        return model
+    if model.precision == "bf16" and not explicit and all(p.supports("fp16") for p in profs):
+        warnings.warn(f"{', '.join(lacking)} has no bf16: {model.name} planned in fp16 mixed precision "
+                      f"(--fp16, as Megatron trains on Volta)", PlanNote, stacklevel=2)
+        return model.model_copy(update={"precision": "fp16"})
+    valid = [p for p in get_args(Precision) if all(q.supports(p) for q in profs)]
+    raise InputError(f"--precision {model.precision}: {', '.join(lacking)} in {cluster.name} cannot train in "
+                     f"{model.precision}; valid there: {', '.join(valid)}")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -804,7 +827,25 @@ def cmd_autotune(argv: list[str]) -> int:
     return 0
 
 
+class PlanNote(UserWarning):
+    """Something the user should know about a run that went through (printed after it, not before an error)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``plan`` command; PlanNote warnings raised on the way are printed as notes at the end, unless the
+    command ends in a one-line input error (exit 2)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PlanNote)
+        rc = _dispatch(argv)
+    for w in caught:
+        if not issubclass(w.category, PlanNote):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        elif rc != 2:
+            print(f"note: {w.message}", file=sys.stderr)
+    return rc
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "check":

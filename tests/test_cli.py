@@ -235,3 +235,28 @@ def test_search_out_dir_writes_launchable_plan(tmp_path):
     if plan["layers_per_stage"]:
         assert sum(plan["layers_per_stage"]) == 126
         assert tuple(parsed["layers_per_stage"]) == tuple(plan["layers_per_stage"])
+
+
+def test_precision_the_gpu_lacks(capsys, tmp_path):
+    from costmodel.profiles import load_profile
+
+    assert [p for p in ("fp32", "fp16", "bf16", "fp8", "mxfp8") if load_profile("V100-32GB").supports(p)] == \
+        ["fp32", "fp16"]
+    assert load_profile("H100").supports("fp8") and not load_profile("H100").supports("mxfp8")
+    assert load_profile("B200").supports("mxfp8") and load_profile("B200").supports("nvfp4")
+    assert not load_profile("A100-80GB").supports("fp8")
+    # A default bf16 model on V100 is planned in fp16 (Megatron's --fp16), with a note after the table.
+    rc, out, err = run_cli(capsys, ["--model", "13b", "--cluster", "v100-dgx2x64.yaml", "--top", "1",
+                                    "--out", str(tmp_path / "v100")])
+    assert rc == 0 and err.startswith("note: V100-32GB has no bf16") and err.count("\n") == 1
+    args = (tmp_path / "v100" / "megatron_args.txt").read_text().split()
+    assert "--fp16" in args and "--bf16" not in args
+    assert json.loads((tmp_path / "v100" / "plan.json").read_text())["model"]["precision"] == "fp16"
+    # Asked for explicitly, a precision the GPU lacks is a one-line error naming what it runs.
+    rc, _, err = run_cli(capsys, ["--model", "13b", "--cluster", "v100-dgx2x64.yaml", "--precision", "bf16"])
+    assert_one_line_error(rc, err, "--precision bf16", "V100-32GB", "valid there: fp16, fp32")
+    rc, _, err = run_cli(capsys, ["check", "--model", "70b", "--cluster", "h100x512.yaml", "--tp", "8",
+                                  "--pp", "4", "--precision", "mxfp8"])
+    assert_one_line_error(rc, err, "--precision mxfp8", "H100", "fp8")
+    rc, _, err = run_cli(capsys, ["--model", "13b", "--cluster", "a100-v100-mixed.yaml", "--precision", "fp8"])
+    assert_one_line_error(rc, err, "A100-80GB, V100-32GB", "valid there: fp16, fp32")

@@ -250,8 +250,10 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec) -> list[ParallelPlan
 
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
     """A published run that cannot fit as described must have sharded more than the row says: try the
-    same plan with gradients (ZeRO-2) and then weights (ZeRO-3 / FSDP) sharded over data parallelism."""
-    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3:
+    same plan with gradients (ZeRO-2) and then weights (ZeRO-3 / FSDP) sharded over data parallelism.
+    Not with pipeline parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
+    fsdp_pipeline), so the estimate would refuse those plans anyway."""
+    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3 or plan.pp > 1:
         return []
     return [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in (2, 3)
             if z > plan.zero_stage]

@@ -464,7 +464,12 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     if grad_compression is not None:
         grads = grads + p_stage * grad_compression.residual_bytes_per_element
     optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / shard + p_exp_stage / shard_e)
-    live = weights + grads + optim + act_bytes_stage
+    # Megatron-FSDP materialises a layer's weights (all-gathered) and, in the backward, its gradients before
+    # the reduce-scatter, for the layer at work and the one prefetched next.
+    layer_p = np.maximum((n_dense > 0) * lp_dense["dense"] / col(tp),
+                         (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(ep * etp)))
+    unsharded = np.where(fsdp > 0, memory.FSDP_UNSHARDED_LAYERS * layer_p * (w_bytes + grad_b), 0.0)
+    live = weights + grads + optim + act_bytes_stage + unsharded
     buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     peak = np.where(valid, live + buffers, 0.0)
     capacity = prof.memory_bytes.value * prof.usable_memory_fraction

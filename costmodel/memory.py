@@ -33,6 +33,10 @@ OPTIMIZER_BYTES = 12.0
 FP8_WEIGHT_EXTRA_BYTES = 1.0
 # NCCL, cuBLAS and Transformer Engine workspaces, CUDA context outside the allocator.
 WORKSPACE_BYTES = 1.0 * GIB
+# Megatron-FSDP (ZeRO-3) layers whose weights and gradients are unsharded at once: the one computing and the
+# one prefetched (megatron-core's FSDP all-gathers the next layer's parameters while the current one runs,
+# the same two-in-flight bound as PyTorch FSDP's limit_all_gathers).
+FSDP_UNSHARDED_LAYERS = 2
 # Caching-allocator fragmentation on top of the live tensors.
 FRAGMENTATION = 0.05
 

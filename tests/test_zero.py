@@ -264,4 +264,29 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
 
     con = Console(width=200, record=True)
     con.print(table)
-    assert "tp2 pp1 dp64 fsdp" in con.export_text()
+    # Memory binds on 128 H100: the best layouts shard weights (tp4 pp1 dp32 with FSDP; tp2 dp64, the layout
+    # published on 128 GB200 with 186 GB each, does not fit 80 GB once two unsharded layers are counted).
+    assert "tp4 pp1 dp32 fsdp" in con.export_text()
+
+
+def test_fsdp_counts_two_unsharded_layers(monkeypatch):
+    """Megatron-FSDP holds the working layer and the prefetched one unsharded (bf16 weights and megatron-core's
+    bf16 gradients): 70B at tp2, 80 layers of 855.6M parameters (8192 hidden, 64 heads / 8 KV, SwiGLU 28672)."""
+    from costmodel import memory
+    from costmodel.flops import layer_params
+
+    model = get_model("70b")
+    plan = ParallelPlan(tp=2, pp=1, dp=256, micro_batch=1, global_batch=512, recompute="selective",
+                        sequence_parallel=True, zero_stage=3, distributed_optimizer=True)
+    lp = layer_params(model, False)["dense"]
+    assert lp == pytest.approx(855.6e6, rel=1e-3)
+    with_layers = max(estimate(model, H100, plan).peak_memory_bytes)
+    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 0)
+    without = max(estimate(model, H100, plan).peak_memory_bytes)
+    assert with_layers - without == pytest.approx(2 * lp / 2 * (2.0 + 2.0) * (1 + memory.FRAGMENTATION), rel=1e-6)
+    # ZeRO-1 keeps whole weights and gradients anyway: nothing extra.
+    z1 = plan.model_copy(update={"zero_stage": 1})
+    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 2)
+    a = max(estimate(model, H100, z1).peak_memory_bytes)
+    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 0)
+    assert max(estimate(model, H100, z1).peak_memory_bytes) == a

@@ -861,14 +861,32 @@ def _moves(a: tuple[int, ...], b: tuple[int, ...]) -> set[tuple[int, int]]:
     return {(i, 1 if y > x else -1) for i, (x, y) in enumerate(zip(a, b)) if x != y}
 
 
+def _climb_starts(obj: _Objective) -> list[tuple[int, ...]]:
+    """Plans to climb from, in order: the best plan; the best that fits of each ZeRO stage when within
+    FAMILY_SLACK of it (Megatron-FSDP plans, pp 1, lie several knobs away from pipelined ones, out of reach of
+    single steps); plans that beat the best but overflow memory (a step in recompute or micro-batch may bring
+    them in); then every plan by its objective x (1 + memory overflow)."""
+    ranking = obj.ranked_keys()
+    if not ranking:
+        return []
+    raw = {k: _raw(obj.cache[k])[obj.objectives[0]] for k in ranking}
+    best_raw = raw[ranking[0]]
+    first: dict[int, tuple[int, ...]] = {}
+    for k in ranking:
+        if _overflow(obj.cache[k]) <= 0:
+            first.setdefault(k[-1], k)   # k[-1]: the ZeRO stage
+    family_best = [k for k in first.values() if raw[k] <= FAMILY_SLACK * best_raw]
+    penalised = obj.ranked_keys(penalised=True)
+    over = [k for k in penalised if _overflow(obj.cache[k]) > 0 and raw[k] < best_raw]
+    return list(dict.fromkeys(ranking[:1] + family_best + over + penalised))
+
+
 def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[int, bool]:
-    """Hill-climb from the best plans found, one trial at a time: try the unseen valid neighbours
-    (``_Objective.neighbours``: one knob one step away, or, when those are spent, a step that breaks a rule
-    repaired by a second knob) of the first plan that still has one: the best plan, the best that fits of
-    each ZeRO stage, plans faster than the best that overflow memory, then every plan by its objective times (1 + memory overflow), so that the neighbours of a fast
-    plan just over the memory (recompute, micro-batch) are tried too; the first that beats it becomes the new best, and its neighbours along the move that
-    won are tried first (vpp 4 -> 5 -> 6 ...). Stops when ``budget`` trials are spent or no plan has an
-    unseen neighbour.
+    """Hill-climb from the plans found, one trial at a time. The first plan of ``_climb_starts`` with an
+    unseen valid neighbour (``_Objective.neighbours``: one knob one step away; once those are spent, a
+    rule-breaking step repaired by a second knob) has its neighbours tried; the first that beats the best
+    becomes the new start, and its neighbours along the move that won are tried first (vpp 4 -> 5 -> 6 ...).
+    Stops when ``budget`` trials are spent or no plan has an unseen neighbour.
 
     TPE samples each knob from a density over the good trials; near the optimum it settles on values that
     are good together (vpp 6 with no recompute, vpp 7 with selective) and can miss the one combination of
@@ -879,22 +897,9 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
     done, favoured = 0, set()
     obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     while done < budget and _remaining(deadline) != 0.0:
-        seen, ranking = set(obj.cache), obj.ranked_keys()
-        # Climb from the best plan first, then from the best that fits of each ZeRO stage when within
-        # FAMILY_SLACK of it (Megatron-FSDP plans, pp 1, lie several knobs away from pipelined ones, out of
-        # reach of single steps), then from plans that beat the best but overflow memory (a step in
-        # recompute or micro-batch may bring them in), then from all by objective x (1 + overflow).
-        raw = {k: _raw(obj.cache[k])[obj.objectives[0]] for k in ranking}
-        best_raw = raw[ranking[0]] if ranking else 0.0
-        fitting = [k for k in ranking if _overflow(obj.cache[k]) <= 0]
-        first: dict[int, tuple] = {}
-        for k in fitting:
-            first.setdefault(k[-1], k)
-        family_best = [k for k in first.values() if raw[k] <= FAMILY_SLACK * best_raw]
-        penalised = obj.ranked_keys(penalised=True)
-        over = [k for k in penalised if _overflow(obj.cache[k]) > 0 and raw[k] < best_raw]
+        seen = set(obj.cache)
         start, batch = None, []
-        for key in dict.fromkeys(ranking[:1] + family_best + over + penalised):
+        for key in _climb_starts(obj):
             batch = [k for k in obj.neighbours(key) if k not in seen]
             batch = batch or list(dict.fromkeys(k for k in obj.neighbours(key, repair=True) if k not in seen))
             if batch:
@@ -903,10 +908,11 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
         if not batch:
             break
         batch.sort(key=lambda k: not (_moves(start, k) & favoured))
-        top = ranking[0]
+        top = obj.ranked_keys()[0]
         for k in batch[: budget - done]:
             study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}))
-            finished, interrupted = _optimize(study, obj, 1, _remaining(deadline), _shifted(progress, done, budget))
+            finished, interrupted = _optimize(study, obj, 1, _remaining(deadline),
+                                              _shifted(progress, done, budget))
             done += finished
             if interrupted or not finished:
                 return done, interrupted

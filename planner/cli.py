@@ -848,22 +848,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "check":
-            return cmd_check(argv[1:])
-        if argv and argv[0] == "validate":
-            return cmd_validate(argv[1:])
-        if argv and argv[0] == "capacity":
-            return cmd_capacity(argv[1:])
-        if argv and argv[0] == "whatif":
-            return cmd_whatif(argv[1:])
-        if argv and argv[0] == "profile":
-            return cmd_profile(argv[1:])
-        if argv and argv[0] == "run":
-            return cmd_run(argv[1:])
-        if argv and argv[0] == "calibrate":
-            return cmd_calibrate(argv[1:])
-        if argv and argv[0] == "autotune":
-            return cmd_autotune(argv[1:])
+        if argv and argv[0] in SUBCOMMANDS:
+            return globals()[f"cmd_{argv[0]}"](argv[1:])   # plan SUBCOMMAND ...: cmd_SUBCOMMAND
         return cmd_search(argv)
     except InputError as exc:
         print(f"plan: error: {exc}", file=sys.stderr)

@@ -498,6 +498,7 @@ class _Objective:
         self.evaluations = 0
         self._keys = None
         self._row: dict = {}
+        self._ords: list[list[int]] | None = None
         import optuna
 
         self.new_api = hasattr(optuna.trial.Trial, "set_constraint")
@@ -588,9 +589,11 @@ class _Objective:
 
     def _ordinals(self) -> list[list[int]]:
         """Per key position (nodes, then OPTUNA_KNOBS), the sorted values as they appear in keys."""
-        vals = {k: ([_RC_CODE[v] for v in ch] if k == "recompute" else [int(v) for v in ch])
-                for k, _, ch in self._names()}
-        return [vals["nodes"], *(vals[k] for k in OPTUNA_KNOBS)]
+        if self._ords is None:
+            vals = {k: ([_RC_CODE[v] for v in ch] if k == "recompute" else [int(v) for v in ch])
+                    for k, _, ch in self._names()}
+            self._ords = [vals["nodes"], *(vals[k] for k in OPTUNA_KNOBS)]
+        return self._ords
 
     def neighbours(self, key: tuple[int, ...], repair: bool = False) -> list[tuple[int, ...]]:
         """Valid configurations one step from ``key``: one knob (``nodes`` included) moved to the next
@@ -626,21 +629,25 @@ class _Objective:
                 out.extend(v for _, v in sorted(by_knob.values()))
         return out
 
+    def _rank(self, ev: dict, penalised: bool) -> tuple:
+        """Sort key of a valid evaluation for ``ranked_keys``."""
+        raw, overflow = _raw(ev)[self.objectives[0]], _overflow(ev)
+        if penalised:
+            return (raw * (1.0 + max(0.0, overflow)),)
+        return (0, raw) if overflow <= 0 else (1, overflow)
+
     def ranked_keys(self, penalised: bool = False) -> list[tuple[int, ...]]:
         """Keys of the valid configurations evaluated so far, best first: plans that fit by the first
         objective, then plans that do not by how far they overflow memory; with ``penalised``, all of them
         by the first objective times (1 + overflow), so that a fast plan just over the memory comes early."""
-        rows = []
-        for key, ev in self.cache.items():
-            if not ev.get("valid"):
-                continue
-            raw, overflow = _raw(ev)[self.objectives[0]], _overflow(ev)
-            if penalised:
-                rows.append(((raw * (1.0 + max(0.0, overflow)),), key))
-            else:
-                rows.append(((0, raw) if overflow <= 0 else (1, overflow), key))
+        rows = [(self._rank(ev, penalised), key) for key, ev in self.cache.items() if ev.get("valid")]
         rows.sort()
         return [k for _, k in rows]
+
+    def best_key(self) -> tuple[int, ...] | None:
+        """``ranked_keys()[0]`` without sorting them all (None before any valid evaluation)."""
+        rows = [(self._rank(ev, False), key) for key, ev in self.cache.items() if ev.get("valid")]
+        return min(rows)[1] if rows else None
 
     @staticmethod
     def key_of(cfg: dict) -> tuple[int, ...]:
@@ -908,7 +915,7 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
         if not batch:
             break
         batch.sort(key=lambda k: not (_moves(start, k) & favoured))
-        top = obj.ranked_keys()[0]
+        top = obj.best_key()
         for k in batch[: budget - done]:
             study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}))
             finished, interrupted = _optimize(study, obj, 1, _remaining(deadline),
@@ -916,7 +923,7 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
             done += finished
             if interrupted or not finished:
                 return done, interrupted
-            if obj.ranked_keys()[0] != top:   # a new best: climb on from it
+            if obj.best_key() != top:   # a new best: climb on from it
                 favoured = _moves(start, k)
                 break
     return done, False

@@ -82,13 +82,13 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Report", section 4.2 / HF deepseek-ai/DeepSeek-V3 config.json (61 layers, 7168,
     # intermediate 18432, moe_intermediate 2048, 128 heads, kv_lora_rank 512, q_lora_rank 1536,
     # qk_nope 128, qk_rope 64, v_head 128, 256 routed + 1 shared experts, top-8,
-    # first_k_dense_replace 3, vocab 129280; pretraining at 4k). The MTP module is not modelled.
+    # first_k_dense_replace 3, vocab 129280, num_nextn_predict_layers 1: one MTP module; pretraining at 4k).
     "deepseek-v3": (
         ("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"),
         dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
              seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
              dense_layers=3, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
-             mla_v_head_dim=128),
+             mla_v_head_dim=128, mtp_layers=1),
     ),
     # Qwen3-30B-A3B. Qwen Team 2025, "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-30B-A3B
     # config.json (48 layers, 2048, 32 Q / 4 KV heads x 128, 128 experts top-8,
@@ -349,6 +349,9 @@ def from_hf_config(
             shared = width // moe_ffn
         fields["shared_experts"] = shared
         fields["dense_layers"] = _dense_layers(cfg, num_experts)
+    mtp = cfg.int_("mtp_layers", "num_nextn_predict_layers", "mtp_num_layers", default=0)
+    if mtp:
+        fields["mtp_layers"] = mtp
 
     # Dense FFN width (for MoE models: the leading dense layers; may be absent or 0).
     ffn = cfg.get("ffn_hidden", "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",

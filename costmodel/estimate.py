@@ -352,6 +352,17 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     first, last = st.first, st.last
     stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
     stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
+    # Multi-token prediction (megatron-core: on the last stage): per module a layer of the last kind, the
+    # 2h->h projection of [norm(h); norm(embedding)] and the shared output layer and loss once more.
+    mtp = model.mtp_layers
+    mtp_moe = model.is_moe and model.moe_layers > 0
+    if mtp:
+        t_eh = gemm(2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
+        mtp_f = (moe_f if mtp_moe else dense_f) + t_eh + t_logit + t_ce
+        mtp_b = (moe_b if mtp_moe else dense_b) + 2 * t_eh + 2 * t_logit + t_ce
+        stage_f = stage_f + last * col(mtp * mtp_f)
+        stage_b = stage_b + last * col(mtp * mtp_b)
+        stage_rec = stage_rec + last * rec_frac * col(mtp * (rec_moe if mtp_moe else rec_dense))
 
     # Pipeline hops: activation send/recv per chunk and micro-batch, forward and backward.
     p2p_bytes = tokens * h * eb / np.where(sp, tp, 1.0)
@@ -370,8 +381,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
     emb = embedding_params(model)
     edge_params = first * emb["embedding"] + last * emb["lm_head"]
-    p_dense_stage = (n_dense * lp_dense["dense"] + n_moe * lp_moe["dense"] + edge_params) / col(tp)
-    p_exp_stage = n_moe * lp_moe["expert"] / col(ep * etp)
+    lp_mtp = lp_moe if mtp_moe else lp_dense
+    mtp_dense = mtp * (lp_mtp["dense"] + 2.0 * h * h + 2.0 * h)    # layer, eh projection, two norms
+    p_dense_stage = (n_dense * lp_dense["dense"] + n_moe * lp_moe["dense"] + edge_params
+                     + last * mtp_dense) / col(tp)
+    p_exp_stage = (n_moe + last * mtp) * lp_moe["expert"] / col(ep * etp)
     zero = a.zero_stage
     distopt = a.distributed_optimizer | (zero >= 1)
     grad_b = memory.GRAD_BYTES_CORE if framework == "megatron-core" else memory.GRAD_BYTES
@@ -454,7 +468,11 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     inflight = pipeline.in_flight_microbatches(pp, vpp, m, st.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
-    act_bytes_stage = (per_mb * inflight + working) * (eb / 2.0) + last * col(memory.logits_bytes(model, tokens, tp))
+    if mtp:   # the module's layer (recomputed like the stage's layers) and its logits
+        a_rc, a_none = (act_moe, act_none_moe) if mtp_moe else (act_dense, act_none_dense)
+        per_mb = per_mb + last * mtp * np.where(full, rec_frac * col(a_rc) + (1 - rec_frac) * col(a_none), col(a_rc))
+    act_bytes_stage = (per_mb * inflight + working) * (eb / 2.0) + last * col(
+        (1 + mtp) * memory.logits_bytes(model, tokens, tp))
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),

@@ -39,7 +39,7 @@ GPU_BOUNDS: dict[str, tuple[float, float]] = {"comm_exposed": (0.5, 2.0)}
 # Weight of the prior against the mean absolute relative error: the penalty is
 # PRIOR_SCALE^2 * sum((log(x / default) / width)^2), independent of the number of measurements.
 # Chosen by leave-one-source-out cross-validation on data/validation/published_runs.csv
-# (plan validate --cross-validate): 0.1 gave 10.24% in-sample and 13.2% across sources, 0.05 gives 9.83%
+# (plan validate --cross-validate): 0.1 gave 10.24% in-sample and 13.2% across sources, 0.05 gave 9.83%
 # and 13.3% (no fold worse by more than 0.6 points); weaker priors move factors towards their bounds.
 PRIOR_SCALE = 0.05
 

@@ -124,7 +124,8 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bo
 
 def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
     """Model FLOPs of one optimizer step: 3x forward (fwd + 2x bwd), attention counted non-causal,
-    logits included, no recompute. For a GPT this is exactly Korthikanti Eq. 7."""
+    logits included, no recompute. For a GPT this is exactly Korthikanti Eq. 7. Each multi-token-prediction
+    module adds a layer of the last kind, its 2h->h projection and the logits once more."""
     tokens = np.asarray(global_batch, dtype=float) * model.seq_len
     n_dense = model.layers - model.moe_layers
     total = 0.0
@@ -134,6 +135,10 @@ def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
         f = layer_forward_flops(model, tokens, model.seq_len, moe=True, causal=False)
         total = total + model.moe_layers * (f["gemm"] + f["expert"] + f["attn"])
     logits = 2.0 * tokens * model.hidden * model.vocab
+    if model.mtp_layers:
+        f = layer_forward_flops(model, tokens, model.seq_len, moe=model.moe_layers > 0, causal=False)
+        eh_proj = 2.0 * tokens * 2 * model.hidden * model.hidden
+        total = total + model.mtp_layers * (f["gemm"] + f["expert"] + f["attn"] + eh_proj + logits)
     return 3.0 * (total + logits)
 
 

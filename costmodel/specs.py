@@ -72,6 +72,10 @@ class ModelSpec(_Frozen):
     """Shared (always-on) experts per MoE layer, each of width moe_ffn_hidden."""
     dense_layers: int = Field(default=0, ge=0)
     """Leading dense layers before the MoE layers (DeepSeek's first_k_dense_replace)."""
+    mtp_layers: int = Field(default=0, ge=0)
+    """Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers, Megatron --mtp-num-layers).
+    Each adds one transformer layer of the model's last kind and a 2h->h projection, and runs the shared
+    output layer and loss once more; megatron-core places them on the last pipeline stage."""
     mla_kv_lora_rank: int | None = Field(default=None, ge=1)
     """Multi-head latent attention: compressed KV rank (DeepSeek-V2/V3); None = standard attention."""
     mla_q_lora_rank: int | None = Field(default=None, ge=1)

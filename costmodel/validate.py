@@ -129,6 +129,13 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
     if fam is None:
         spec["learned_position_embeddings"] = not gated
         spec["tied_embeddings"] = not gated
+    if spec.get("mtp_layers"):
+        # The model trains with multi-token prediction (Megatron-Bridge's DeepSeek-V3 recipe: mtp_num_layers
+        # 1) unless the row says it ran without.
+        if re.search(r"w/o mtp|without mtp|no mtp", lname):
+            spec["mtp_layers"] = 0
+        elif "mtp" not in lname:
+            assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
     precision = (row.get("precision") or "").strip()
     if not precision:
         precision = "bf16"
@@ -186,10 +193,33 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     z = (row.get("zero_stage_or_distopt") or "").lower()
     fsdp = "fsdp" in z and "fsdp=0" not in z
     distopt = framework in ("megatron-core", "paxml")
+    split = framework_split(model.layers, pp, vp)
+    if split is not None:
+        assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
+                       f"the last takes the remainder with the loss)")
     plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
                         global_batch=gbs, recompute=recompute, distributed_optimizer=distopt or fsdp,
-                        zero_stage=3 if fsdp else (1 if distopt else 0), framework=framework)
+                        zero_stage=3 if fsdp else (1 if distopt else 0), framework=framework, layers_per_stage=split)
     return plan, known
+
+
+def framework_split(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """Layers per pipeline rank where a published run's layer count does not divide its pp x vpp virtual
+    stages (Megatron then needs an explicit split). With the embedding and loss counted as a layer each
+    it divides (Llama-3.1-405B: 126 + 2 over 32), the even split of Megatron's
+    account_for_embedding/loss_in_pipeline_split applies: None. Otherwise the virtual stages hold
+    ceil(layers / (pp*vpp)) layers each and the last the remainder, beside the loss (and any MTP modules):
+    Megatron-Bridge's DeepSeek-V3 layouts (61 layers, pp16: 4 x 15 and 1; pp8: 8 x 7 and 5; pp4: 16 x 3 and
+    13; recipes/deepseek/deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout)."""
+    stages = pp * vpp
+    if pp <= 1 or layers % stages == 0 or (layers + 2) % stages == 0:
+        return None
+    per = -(-layers // stages)
+    virt, left = [], layers
+    for _ in range(stages):
+        virt.append(min(per, left))
+        left -= virt[-1]
+    return tuple(sum(virt[v * pp + r] for v in range(vpp)) for r in range(pp))
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:

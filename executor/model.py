@@ -42,7 +42,9 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
     if plan.vpp > 1:
         kw["virtual_pipeline_model_parallel_size"] = plan.vpp
     if plan.layers_per_stage is not None:
-        kw["pipeline_model_parallel_layout"] = megatron_layout(plan.layers_per_stage, plan.vpp)
+        kw["pipeline_model_parallel_layout"] = megatron_layout(plan.layers_per_stage, plan.vpp, mtp=model.mtp_layers)
+    if model.mtp_layers:
+        kw["mtp_num_layers"] = model.mtp_layers
     if model.is_moe:
         kw.update(num_moe_experts=model.num_experts, moe_router_topk=model.moe_topk,
                   moe_ffn_hidden_size=model.expert_ffn, expert_model_parallel_size=plan.ep,
@@ -80,6 +82,11 @@ def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
 def build_chunks(model: ModelSpec, plan: ParallelPlan, config, *, vocab_size: int) -> list:
     """The GPTModel chunks this rank holds (one per virtual pipeline stage), local layer spec
     (Transformer Engine's spec when it is installed)."""
+    if model.mtp_layers:
+        from costmodel.profiles import InputError
+
+        raise InputError(f"model {model.name}: mtp_layers={model.mtp_layers}, but the executor builds no "
+                         f"multi-token-prediction modules; give the model mtp_layers: 0 to run it")
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec

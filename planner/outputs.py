@@ -84,19 +84,25 @@ def parse_layout(layout: str, pp: int) -> tuple[int, tuple[int, ...]]:
     return vpp, per_rank
 
 
-def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], vpp: int = 1) -> str:
-    """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r (embedding first, loss
-    last, a rank's later chunks taking the remainder); written by planner/split.py beside the split."""
+def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], vpp: int = 1, mtp: int = 0) -> str:
+    """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r (embedding first, MTP
+    modules and loss last, a rank's later chunks taking the remainder); written by planner/split.py beside
+    the split."""
     from planner.split import megatron_layout
 
-    return megatron_layout(tuple(int(x) for x in layers_per_stage), vpp)
+    return megatron_layout(tuple(int(x) for x in layers_per_stage), vpp, mtp=mtp)
 
 
 # Flags ----------------------------------------------------------------------------------------
 def _check_layout(model: ModelSpec, plan: ParallelPlan, layout: str) -> None:
     vpp, per_rank = parse_layout(layout, plan.pp)
-    if "m" in "".join(_unroll_layout(layout)):
-        raise InputError(f"pipeline layout {layout!r} places MTP layers ('m') but {model.name} has none")
+    n_mtp = "".join(_unroll_layout(layout)).count("m")
+    if n_mtp != model.mtp_layers:
+        raise InputError(f"pipeline layout {layout!r} places {n_mtp} MTP layers ('m') but {model.name} has "
+                         f"mtp_layers={model.mtp_layers}")
+    if n_mtp and "m" in "".join(_unroll_layout(layout)[:-1]):
+        raise InputError(f"pipeline layout {layout!r}: the cost model places MTP layers ('m') on the last "
+                         f"stage only")
     if sum(per_rank) != model.layers:
         raise InputError(f"pipeline layout {layout!r} places {sum(per_rank)} decoder layers ('t') but "
                          f"{model.name} has layers={model.layers}")
@@ -181,6 +187,9 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
         if model.dense_layers:
             out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
         out.append("--moe-token-dispatcher-type alltoall")
+    # arguments.py _add_mtp_args: '--mtp-num-layers' ("Number of Multi-Token Prediction (MTP) Layers").
+    if model.mtp_layers:
+        out.append(f"--mtp-num-layers {model.mtp_layers}")
         if model.precision != "fp16":
             out.append("--moe-grouped-gemm")
         else:
@@ -211,7 +220,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     #   --pipeline-model-parallel-layout" -> vpp comes from the layout when there is one.
     out += [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}"]
     if layout is None and plan.layers_per_stage is not None:
-        layout = layout_from_layers_per_stage(plan.layers_per_stage, plan.vpp)
+        layout = layout_from_layers_per_stage(plan.layers_per_stage, plan.vpp, model.mtp_layers)
     if layout is not None:
         _check_layout(model, plan, layout)
         out.append(f"--pipeline-model-parallel-layout {layout}")

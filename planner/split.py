@@ -380,13 +380,13 @@ def _check_split(layers_per_stage: Sequence[int], vpp: int, multiples: bool = Tr
     return lps
 
 
-def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: bool = True) -> str:
+def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: bool = True, mtp: int = 0) -> str:
     """megatron-core's ``--pipeline-model-parallel-layout`` string for a split.
 
     Each pipeline rank's layers are divided over its ``vpp`` model chunks as evenly as possible (later
     chunks take the remainder; megatron-core's layout allows unequal virtual stages); the string lists
     the pp*vpp virtual stages in layer order (chunk v of rank r is entry v*pp + r), ``E`` opening
-    the first and ``L`` closing the last. With ``compact``, a stage's layers are written ``t*n``
+    the first and ``mtp`` MTP modules ``m`` and ``L`` closing the last. With ``compact``, a stage's layers are written ``t*n``
     and runs of equal stages ``(...|)*k``; otherwise every layer is one ``t``. Quote it for a shell.
 
     >>> megatron_layout((7, 8, 8, 7))
@@ -403,7 +403,7 @@ def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: b
         base, rem = divmod(lps[r], vpp)
         n = base + (1 if v >= vpp - rem else 0)
         body = "t" * n if not compact or n < 2 else f"t*{n}"
-        stages.append(("E" if k == 0 else "") + body + ("L" if k == total - 1 else ""))
+        stages.append(("E" if k == 0 else "") + body + ("m" * mtp + "L" if k == total - 1 else ""))
     if not compact:
         return "|".join(stages)
     runs: list[list] = []

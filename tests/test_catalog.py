@@ -228,9 +228,10 @@ def test_hf_deepseek_v3():
     for field in (
         "layers", "hidden", "ffn_hidden", "heads", "head_dim", "vocab", "num_experts",
         "moe_topk", "moe_ffn_hidden", "shared_experts", "dense_layers", "mla_kv_lora_rank",
-        "mla_q_lora_rank", "mla_rope_dim", "mla_v_head_dim", "gated_mlp", "tied_embeddings",
+        "mla_q_lora_rank", "mla_rope_dim", "mla_v_head_dim", "gated_mlp", "tied_embeddings", "mtp_layers",
     ):
         assert getattr(m, field) == getattr(ref, field), field
+    assert m.mtp_layers == 1          # num_nextn_predict_layers
     assert m.seq_len == 8192
     assert param_count(m) == param_count(ref)
 

@@ -355,7 +355,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     # Multi-token prediction (megatron-core: on the last stage): per module a layer of the last kind, the
     # 2h->h projection of [norm(h); norm(embedding)] and the shared output layer and loss once more.
     mtp = model.mtp_layers
-    mtp_moe = model.is_moe and model.moe_layers > 0
+    mtp_moe = model.moe_layers > 0          # the module repeats the last layer: MoE unless all layers are dense
     if mtp:
         t_eh = gemm(2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
         mtp_f = (moe_f if mtp_moe else dense_f) + t_eh + t_logit + t_ce

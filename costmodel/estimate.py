@@ -34,6 +34,11 @@ FRAMEWORK = {
     "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
     "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
     "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5},
+    # A stack other than Megatron or Paxml (DeepSpeed, PyTorch FSDP, torchtitan, MaxText, ...): flash attention
+    # and overlapped data-parallel reduction are taken as given, but not Transformer Engine's userbuffer
+    # overlap of tensor-parallel collectives with the GEMMs or Megatron's interleaved p2p overlap, which are
+    # Megatron features (Megatron-LM --tp-comm-overlap, --overlap-p2p-communication).
+    "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0},
 }
 # Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
 STEP_OVERHEAD_S = 0.02
@@ -388,7 +393,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     p_exp_stage = (n_moe + last * mtp) * lp_moe["expert"] / col(ep * etp)
     zero = a.zero_stage
     distopt = a.distributed_optimizer | (zero >= 1)
-    grad_b = memory.GRAD_BYTES_CORE if framework == "megatron-core" else memory.GRAD_BYTES
+    grad_b = memory.GRAD_BYTES_CORE if framework in ("megatron-core", "other") else memory.GRAD_BYTES
     grad_b = max(grad_b, eb)
     wire_b = grad_b if grad_compression is None else grad_compression.wire_bytes_per_element
     rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * wire_b,

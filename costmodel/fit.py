@@ -54,16 +54,17 @@ class Measurement:
     step_time_s: float
 
 
-def predict(measurements: list[Measurement], profile: HardwareProfile) -> np.ndarray:
+def predict(measurements: list[Measurement], profile: HardwareProfile | dict[str, HardwareProfile]) -> np.ndarray:
     """Predicted step time of each measurement: one vectorised call per (model, cluster, framework),
-    identical plans scored once."""
+    identical plans scored once. ``profile`` is one profile for all, or one per GPU type (cluster.gpu)."""
     out = np.empty(len(measurements))
     groups: dict[tuple, dict[ParallelPlan, list[int]]] = {}
     for i, m in enumerate(measurements):
         groups.setdefault((m.model, m.cluster, m.plan.framework), {}).setdefault(m.plan, []).append(i)
     for (model, cluster, framework), by_plan in groups.items():
         plans = list(by_plan)
-        r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=profile, framework=framework)
+        prof = profile[cluster.gpu] if isinstance(profile, dict) else profile
+        r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=prof, framework=framework)
         for j, plan in enumerate(plans):
             out[by_plan[plan]] = r["step_time_s"][j]
     return out
@@ -91,10 +92,68 @@ def host_factors(measurements: list[Measurement]) -> list[str]:
     return names
 
 
+def fit_factors(measurements: list[Measurement], profiles: dict[str, HardwareProfile], names: list[str], *,
+                center: dict[str, float] | None = None, prior_weight: float | None = None,
+                weights: np.ndarray | None = None, fitted_by: str = "fit", max_nfev: int = 100,
+                polish_evals: int = 120) -> dict[str, float]:
+    """One set of factor values shared by every measurement, each predicted on its own GPU's profile
+    (``profiles[cluster.gpu]``, whose other calibration fields are kept).
+
+    Least squares in log space on the relative step-time errors (robust soft-L1 loss), plus a Gaussian prior
+    on log(x / center) of width FACTORS[name][1]; ``center`` defaults to the un-fitted physics. The prior
+    weighs as ``prior_weight`` measurements' worth (times PRIOR_SCALE^2); None: as many as there are
+    measurements, so the prior's pull does not fade with more data. A fixed prior_weight lets data
+    outweigh the prior as it grows (partial pooling). ``weights`` (one per measurement, mean 1) set each
+    measurement's share of the data term.
+    """
+    measured = np.array([m.step_time_s for m in measurements])
+    n = len(measured)
+    w = np.ones(n) if weights is None else np.asarray(weights, float) * n / np.sum(weights)
+    sw = np.sqrt(w)
+    center = center or {}
+    x0 = np.log([center.get(k, FACTORS[k][0]) for k in names])
+    kinds = {p.kind for p in profiles.values()}
+    gpu = kinds == {"gpu"}
+    bounds = {k: (GPU_BOUNDS.get(k, FACTORS[k][2]) if gpu else FACTORS[k][2]) for k in names}
+    lo = np.log([bounds[k][0] for k in names])
+    hi = np.log([bounds[k][1] for k in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    prior_w = np.array([1.0 / FACTORS[k][1] for k in names]) * PRIOR_SCALE * np.sqrt(
+        n if prior_weight is None else prior_weight)
+    bases = {g: p.calibration.model_dump() for g, p in profiles.items()}
+
+    def calibrated(x: np.ndarray) -> dict[str, HardwareProfile]:
+        vals = {k: float(np.exp(v)) for k, v in zip(names, x)}
+        return {g: p.model_copy(update={"calibration": Calibration(**{**bases[g], **vals, "fitted_by": fitted_by})})
+                for g, p in profiles.items()}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        pred = predict(measurements, calibrated(x))
+        return np.concatenate([sw * (pred / measured - 1.0), prior_w * (x - x0)])
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.03, diff_step=0.02,
+                        max_nfev=max_nfev, ftol=1e-3, xtol=1e-3, gtol=1e-4)
+    x = res.x
+    if polish_evals:
+        # The step time is piecewise smooth (max of overlapped terms, discrete fallbacks), so finish with a
+        # derivative-free search (Powell) on the weighted mean absolute relative error plus the same prior.
+        def objective(x: np.ndarray) -> float:
+            r = residuals(x)
+            return float(np.sum(w * np.abs(r[:n] / sw)) / n + np.sum(r[n:] ** 2) / n)
+
+        pol = minimize(objective, x, method="Powell", bounds=list(zip(lo, hi)),
+                       options={"maxfev": polish_evals, "xtol": 1e-2, "ftol": 1e-4})
+        if pol.fun < objective(x):
+            x = pol.x
+    return {k: float(np.exp(v)) for k, v in zip(names, x)}
+
+
 def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *, fitted_by: str,
                     factors: list[str] | None = None, min_measurements: int | None = None,
-                    max_nfev: int = 100, polish_evals: int = 120) -> tuple[Calibration, dict]:
-    """Least-squares fit of the profile's factors; returns the calibration and a before/after report.
+                    max_nfev: int = 100, polish_evals: int = 120, center: dict[str, float] | None = None,
+                    prior_weight: float | None = None) -> tuple[Calibration, dict]:
+    """Least-squares fit of one profile's factors (fit_factors); returns the calibration and a before/after
+    report.
 
     Refuses (ValueError) when there are fewer measurements than factors to fit.
     """
@@ -104,45 +163,14 @@ def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *
         raise ValueError(f"{len(measurements)} measurement(s) for {len(names)} factor(s) ({', '.join(names)}); "
                          f"need at least {need}")
     measured = np.array([m.step_time_s for m in measurements])
-    base = profile.calibration.model_dump()
-    x0 = np.log([FACTORS[n][0] for n in names])
-    bounds = {n: (GPU_BOUNDS.get(n, FACTORS[n][2]) if profile.kind == "gpu" else FACTORS[n][2]) for n in names}
-    lo = np.log([bounds[n][0] for n in names])
-    hi = np.log([bounds[n][1] for n in names])
-    prior_w = np.array([1.0 / FACTORS[n][1] for n in names])
-
-    def calib(x: np.ndarray) -> HardwareProfile:
-        upd = dict(base)
-        upd.update({n: float(np.exp(v)) for n, v in zip(names, x)})
-        upd["fitted_by"] = fitted_by
-        return profile.model_copy(update={"calibration": Calibration(**upd)})
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        pred = predict(measurements, calib(x))
-        data = pred / measured - 1.0
-        prior = prior_w * (x - x0) * np.sqrt(max(len(measurements), 1)) * PRIOR_SCALE
-        return np.concatenate([data, prior])
-
+    profiles = {m.cluster.gpu: profile for m in measurements} or {profile.name: profile}
+    vals = fit_factors(measurements, profiles, names, center=center, prior_weight=prior_weight,
+                       fitted_by=fitted_by, max_nfev=max_nfev, polish_evals=polish_evals)
+    cal = Calibration(**{**profile.calibration.model_dump(), **vals, "fitted_by": fitted_by})
     before = predict(measurements, profile)
-    res = least_squares(residuals, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi), loss="soft_l1",
-                        f_scale=0.03, diff_step=0.02, max_nfev=max_nfev,
-                        ftol=1e-3, xtol=1e-3, gtol=1e-4)
-    x = res.x
-    if polish_evals:
-        # The step time is piecewise smooth (max of overlapped terms, discrete fallbacks), so finish with a
-        # derivative-free search (Powell) on the mean absolute relative error plus the same prior.
-        def objective(x: np.ndarray) -> float:
-            r = residuals(x)
-            return float(np.mean(np.abs(r[: len(measured)])) + np.sum(r[len(measured):] ** 2) / len(measured))
-
-        pol = minimize(objective, x, method="Powell", bounds=list(zip(lo, hi)),
-                       options={"maxfev": polish_evals, "xtol": 1e-2, "ftol": 1e-4})
-        if pol.fun < objective(x):
-            x = pol.x
-    fitted = calib(x)
-    after = predict(measurements, fitted)
+    after = predict(measurements, profile.model_copy(update={"calibration": cal}))
     ape = lambda p: float(np.mean(np.abs(p - measured) / measured) * 100)  # noqa: E731
     report = {"profile": profile.name, "measurements": len(measurements), "factors": names,
-              "values": {n: round(float(np.exp(v)), 4) for n, v in zip(names, x)},
+              "values": {k: round(v, 4) for k, v in vals.items()},
               "mape_before": round(ape(before), 2), "mape_after": round(ape(after), 2)}
-    return fitted.calibration, report
+    return cal, report

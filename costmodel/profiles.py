@@ -114,6 +114,10 @@ class HardwareProfile(_Frozen):
     kind: Kind = "gpu"
     """gpu = an accelerator; host = the CPU processes of one machine, each standing for one 'GPU'
     (a profile measured by ``plan profile`` with the gloo backend)."""
+    generation: str = ""
+    """GPU architecture generation (volta, ampere, hopper, blackwell), from the vendor's datasheet: the level
+    at which calibration factors are pooled across GPU types (costmodel/validate.py fit_profiles). Empty:
+    pooled with every other GPU only."""
     aliases: tuple[str, ...] = ()
     """Other spellings that resolve to this profile (case-insensitive)."""
     sources: dict[str, str]

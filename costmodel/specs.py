@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full"]
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
-Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml"]
+Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other"]
 
 PRECISION_ALIASES: dict[str, str] = {
     "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)

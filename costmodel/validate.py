@@ -30,6 +30,9 @@ REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq
 _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
+# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
+_OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
+                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
 
 
@@ -46,6 +49,8 @@ class Case:
     published_step_time_s: float
     recompute_known: bool
     assumed: list[str] = field(default_factory=list)
+    release: str = ""
+    """The software release (container or framework version) the notes name; '' if unsaid."""
 
 
 def _num(v: str) -> float | None:
@@ -67,6 +72,8 @@ def framework_of(row: dict) -> str:
     text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
     if "paxml" in text:
         return "paxml"
+    if not re.search(r"megatron|nemo", text) and re.search(_OTHER_STACKS, text):
+        return "other"
     if "tables.tex" in text or "2020" in row.get("source_id", ""):
         return "megatron-lm-2020"
     if "ddp-impl" in text or "narayanan" in text or "paper table 1" in text or "table 3 config" in text \
@@ -192,14 +199,17 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         assumed.append("recompute=full (Megatron-LM 2020 examples checkpoint activations)")
     z = (row.get("zero_stage_or_distopt") or "").lower()
     fsdp = "fsdp" in z and "fsdp=0" not in z
-    distopt = framework in ("megatron-core", "paxml")
+    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z)
+    zstage = int(zm.group(1)) if zm else None
+    fsdp = fsdp or zstage == 3
+    distopt = framework in ("megatron-core", "paxml") or bool(zstage)
     split = framework_split(model.layers, pp, vp)
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
                        f"the last takes the remainder with the loss)")
     plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
                         global_batch=gbs, recompute=recompute, distributed_optimizer=distopt or fsdp,
-                        zero_stage=3 if fsdp else (1 if distopt else 0), framework=framework, layers_per_stage=split)
+                        zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
     return plan, known
 
 
@@ -259,7 +269,8 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
                            "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
             continue
-        cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed))
+        cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
+                          release_of(row["source_id"], row.get("notes", ""))))
     return cases, errors
 
 
@@ -356,7 +367,7 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
         ok = math.isfinite(pred["predicted_step_time_s"])
         pred.pop("plan")
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                     "model_name": c.model.name, **pred, "published_step_time_s": c.published_step_time_s,
+                     "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": c.published_step_time_s,
                      "error": None if ok else "non-finite prediction",
                      "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s) if ok else None})
     for e in errors:
@@ -377,74 +388,175 @@ def measurements_for(cases: list[Case]) -> list:
     return out
 
 
-def fit_profiles(cases: list[Case], *, fitted_by: str, exclude_source: str | None = None) -> tuple[dict, list]:
-    """Fit every profile's calibration on the cases (optionally without one source).
+# Partial pooling of the calibration factors (fit_profiles). Every GPU type's factors are fitted in three
+# levels: one set shared by all GPUs, a deviation per architecture generation shrunk toward it, a deviation per
+# GPU type shrunk toward its generation. A level's prior weighs as POOL_PRIOR_ROWS measurements' worth, so a
+# level backed by few rows stays near its parent and one backed by many follows its data; a GPU type without
+# rows takes its generation's factors, a generation without rows the shared ones. Rows are weighted by
+# source: each row by n_source^-SOURCE_BALANCE (0: every row alike; 1: every source alike), so the largest
+# source does not set the shared level alone. The three numbers are chosen by grouped cross-validation
+# (plan validate --cross-validate: leave-one-source-out, leave-one-release-out, leave-one-GPU-type-out);
+# README "Accuracy" gives the table.
+POOL_PRIOR_ROWS = {"generation": 8.0, "gpu": 8.0}
+SOURCE_BALANCE = 0.5
+# Least-squares evaluations per level (no derivative-free polish: cross-validation showed it moves the
+# held-out error by less than its cost; each evaluation predicts every row of the level).
+FIT_EVALS = 60
 
-    Profiles with fewer cases than factors keep their defaults. Returns ({profile: HardwareProfile}, reports).
+
+def _source_weights(cases: list[Case], balance: float) -> np.ndarray:
+    counts: dict[str, int] = {}
+    for c in cases:
+        counts[c.source_id] = counts.get(c.source_id, 0) + 1
+    return np.array([counts[c.source_id] ** -balance for c in cases])
+
+
+def fit_profiles(cases: list[Case], *, fitted_by: str, exclude=None, gpus: list[str] | None = None,
+                 pool_prior_rows: dict[str, float] | None = None,
+                 source_balance: float | None = None) -> tuple[dict, list]:
+    """Fit every profile's calibration on the cases with partial pooling (shared -> generation -> GPU type).
+
+    ``exclude(case) -> bool`` leaves cases out (cross-validation folds). ``gpus``: the profiles to return
+    (default: every GPU type among the cases); one without training cases takes its generation's factors.
+    Returns ({profile: HardwareProfile}, reports).
     """
-    from costmodel.fit import fit_calibration, relevant_factors
+    from costmodel.fit import fit_factors, relevant_factors
     from costmodel.profiles import Calibration
 
-    train = [c for c in cases if c.source_id != exclude_source]
-    by_gpu: dict[str, list[Case]] = {}
-    for c in train:
-        by_gpu.setdefault(c.cluster.gpu, []).append(c)
-    fitted, reports = {}, []
-    for gpu in sorted({c.cluster.gpu for c in cases}):
-        prof = load_profile(gpu).model_copy(update={"calibration": Calibration()})
-        rows = by_gpu.get(gpu, [])
-        ms = measurements_for(rows)
-        # Fewer measurements than factors: fit only the most important ones (one fewer than the rows).
-        names = relevant_factors(ms)[:max(1, len(ms) - 1)]
-        try:
-            cal, rep = fit_calibration(ms, prof, fitted_by=fitted_by, factors=names)
-            prof = prof.model_copy(update={"calibration": cal})
-        except ValueError as exc:
-            rep = {"profile": gpu, "measurements": len(rows), "skipped": str(exc)}
-        fitted[gpu] = prof
-        reports.append(rep)
+    prior_rows = {**POOL_PRIOR_ROWS, **(pool_prior_rows or {})}
+    balance = SOURCE_BALANCE if source_balance is None else source_balance
+    train = [c for c in cases if not (exclude and exclude(c))]
+    names_out = gpus or sorted({c.cluster.gpu for c in cases})
+    base = {g: load_profile(g).model_copy(update={"calibration": Calibration()})
+            for g in sorted(set(names_out) | {c.cluster.gpu for c in train})}
+    ms = measurements_for(train)
+    w = _source_weights(train, balance)
+    gen_of = {g: (p.generation or g) for g, p in base.items()}
+    reports: list[dict] = []
+
+    def level(idx: list[int], center: dict[str, float], prior: float | None, label: str) -> dict[str, float]:
+        sub = [ms[i] for i in idx]
+        names = relevant_factors(sub)[:max(1, len(sub) - 1)]
+        vals = fit_factors(sub, {m.cluster.gpu: base[m.cluster.gpu] for m in sub}, names, center=center,
+                           prior_weight=prior, weights=w[idx], fitted_by=fitted_by, max_nfev=FIT_EVALS,
+                           polish_evals=0)
+        out = {**center, **vals}
+        reports.append({"level": label, "measurements": len(sub), "factors": names,
+                        "values": {k: round(v, 4) for k, v in vals.items()}})
+        return out
+
+    shared = level(list(range(len(ms))), {}, None, "shared") if ms else {}
+    by_gen: dict[str, list[int]] = {}
+    by_gpu: dict[str, list[int]] = {}
+    for i, m in enumerate(ms):
+        by_gen.setdefault(gen_of[m.cluster.gpu], []).append(i)
+        by_gpu.setdefault(m.cluster.gpu, []).append(i)
+    gen_vals = {g: level(idx, shared, prior_rows["generation"], f"generation {g}") for g, idx in by_gen.items()}
+    # A generation backed by one GPU type is that GPU type's level already (same rows, nearly the same fit).
+    types_in = {g: {ms[i].cluster.gpu for i in idx} for g, idx in by_gen.items()}
+    fitted = {}
+    for g in names_out:
+        parent = gen_vals.get(gen_of[g], shared)
+        own = g in by_gpu and len(types_in[gen_of[g]]) > 1
+        vals = level(by_gpu[g], parent, prior_rows["gpu"], g) if own else parent
+        cal = Calibration(**{**Calibration().model_dump(), **vals, "fitted_by": fitted_by})
+        fitted[g] = base[g].model_copy(update={"calibration": cal})
     return fitted, reports
 
 
-def _fold(path: str, src: str) -> tuple[dict, list]:
+def release_of(source_id: str, notes: str) -> str:
+    """The software release a row ran (container, framework version), read from its notes; '' if unsaid."""
+    for pat in (r"container (\d\d\.\d\d(?:\.\d+)?)", r"NeMo (\d\d\.\d\d)", r"\b(r\d+\.\d+\.\d+)\b",
+                r"v(\d\d\.\d\d(?:\.\d+)?)"):
+        m = re.search(pat, notes or "")
+        if m:
+            return m.group(1)
+    return ""
+
+
+# Cross-validation schemes: which cases a fold holds out. "source": one source at a time; "release": one
+# software release at a time inside the sources that span several (Megatron-Bridge's archive: 25.09-26.06);
+# "gpu": one GPU type at a time (its factors then come from its generation or the shared level).
+SCHEMES = ("source", "release", "gpu")
+
+
+def fold_keys(cases: list[Case], scheme: str) -> list[str]:
+    if scheme == "source":
+        return sorted({c.source_id for c in cases})
+    if scheme == "gpu":
+        return sorted({c.cluster.gpu for c in cases})
+    if scheme == "release":
+        by_src: dict[str, set[str]] = {}
+        for c in cases:
+            by_src.setdefault(c.source_id, set()).add(c.release)
+        return sorted({f"{c.source_id}@{c.release}" for c in cases if c.release and len(by_src[c.source_id]) > 1})
+    raise ValueError(f"unknown cross-validation scheme {scheme!r}; valid: {', '.join(SCHEMES)}")
+
+
+def held_out(case: Case, scheme: str, key: str) -> bool:
+    if scheme == "source":
+        return case.source_id == key
+    if scheme == "gpu":
+        return case.cluster.gpu == key
+    return f"{case.source_id}@{case.release}" == key
+
+
+def case_features(c: Case) -> dict:
+    """What a row is, for error tables, interval classes and support: GPU, scale, sharding and regime."""
+    return {"num_gpus": c.plan.tp * c.plan.pp * c.plan.dp * c.plan.cp, "moe": c.model.is_moe,
+            "zero_stage": c.plan.zero_stage, "pp": c.plan.pp, "cp": c.plan.cp, "ep": c.plan.ep,
+            "precision": c.model.precision, "release": c.release}
+
+
+def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tuple[dict, list]:
     cases, _ = load_cases(path)
-    profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {src}", exclude_source=src)
+    profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {scheme} {key}",
+                               exclude=lambda c: held_out(c, scheme, key), **(options or {}))
     rows = []
-    for c in (c for c in cases if c.source_id == src):
+    for c in (c for c in cases if held_out(c, scheme, key)):
         pred = predict_case(c, profiles[c.cluster.gpu])
-        rows.append({"row": c.row, "source_id": src, "gpu_type": c.gpu_type,
-                     "predicted_step_time_s": pred["predicted_step_time_s"],
-                     "published_step_time_s": c.published_step_time_s, "error": None,
+        rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type, "model_name": c.model.name,
+                     **case_features(c), "predicted_step_time_s": pred["predicted_step_time_s"],
+                     "published_step_time_s": c.published_step_time_s, "fits": pred["fits"], "error": None,
                      "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
-    return {"left_out": src, **summarize(rows)["overall"]}, rows
+    return {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}, rows
 
 
-def cross_validate(path: str | Path, progress=None, workers: int | None = None) -> dict:
-    """Leave-one-source-out: refit every profile without a source, predict that source.
+def cross_validate(path: str | Path, progress=None, workers: int | None = None,
+                   schemes: tuple[str, ...] = SCHEMES, options: dict | None = None) -> dict:
+    """Grouped cross-validation: for each scheme, refit every profile without a group, predict the group.
 
-    Folds run in parallel processes (one per core by default)."""
-    from concurrent.futures import ProcessPoolExecutor
+    Returns {"schemes": {scheme: {"folds": [...], "summary": {...}, "rows": [...]}}, and, for the first
+    scheme, "folds" and "summary" at the top level (leave-one-source-out by default). Folds run in parallel
+    processes (one per core by default); ``progress(label, done, total)`` is called at the start and as each
+    fold ends."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     cases, errors = load_cases(path)
-    sources = sorted({c.source_id for c in cases})
-    workers = workers or min(len(sources), os.cpu_count() or 1)
-    results: dict[str, tuple[dict, list]] = {}
+    jobs = [(scheme, key) for scheme in schemes for key in fold_keys(cases, scheme)]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    results: dict[tuple[str, str], tuple[dict, list]] = {}
+    if progress:
+        progress("starting", 0, len(jobs))
     if workers <= 1:
-        for src in sources:
-            results[src] = _fold(str(path), src)
+        for job in jobs:
+            results[job] = _fold(str(path), *job, options)
             if progress:
-                progress(src)
+                progress(f"left out {job[0]} {job[1]}", len(results), len(jobs))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_fold, str(path), src): src for src in sources}
-            from concurrent.futures import as_completed
-
+            futures = {pool.submit(_fold, str(path), *job, options): job for job in jobs}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
                 if progress:
-                    progress(futures[fut])
-    folds = [results[s][0] for s in sources]
-    all_rows = [r for s in sources for r in results[s][1]]
-    for e in errors:
-        all_rows.append({**e, "ape": None})
-    return {"folds": folds, "summary": summarize(all_rows)}
+                    progress(f"left out {futures[fut][0]} {futures[fut][1]}", len(results), len(jobs))
+    out: dict = {"schemes": {}}
+    for scheme in schemes:
+        keys = [k for s_, k in jobs if s_ == scheme]
+        rows = [r for k in keys for r in results[(scheme, k)][1]]
+        summary = summarize(rows + ([{**e, "ape": None} for e in errors] if scheme == "source" else []))
+        out["schemes"][scheme] = {"folds": [results[(scheme, k)][0] for k in keys], "summary": summary,
+                                  "rows": sorted(rows, key=lambda r: r["row"])}
+    first = out["schemes"][schemes[0]]
+    out["folds"], out["summary"] = first["folds"], first["summary"]
+    return out

@@ -442,9 +442,10 @@ def cmd_validate(argv: list[str]) -> int:
     ap.add_argument("csv", help="CSV with the columns of data/validation/published_runs.csv")
     ap.add_argument("--json", metavar="OUT", help="write rows and summary as JSON to OUT")
     ap.add_argument("--cross-validate", action="store_true",
-                    help="also refit the profiles without each source in turn and predict it")
+                    help="also refit the profiles without each source, each software release and each GPU type "
+                         "in turn and predict what was left out")
     args = ap.parse_args(argv)
-    from planner.report import console, validation_tables
+    from planner.report import console, cross_validation_tables, validation_tables
     from costmodel.validate import cross_validate, validate
 
     result = validate(args.csv)
@@ -454,22 +455,13 @@ def cmd_validate(argv: list[str]) -> int:
     if args.cross_validate:
         from rich.progress import Progress
 
-        sources = sorted({r["source_id"] for r in result["rows"]})
         with Progress(console=console(stderr=True), transient=True) as prog:
-            task = prog.add_task("leave-one-source-out folds", total=len(sources))
-            cv = cross_validate(args.csv, progress=lambda _: prog.advance(task))
+            task = prog.add_task("cross-validation folds", total=None)
+            cv = cross_validate(args.csv, progress=lambda label, done, total: prog.update(
+                task, completed=done, total=total, description=f"cross-validation: {label}"))
         result["cross_validation"] = cv
-        from rich.table import Table
-
-        t = Table(title="Leave-one-source-out (profiles refitted without the source)", header_style="bold")
-        for col in ("left out", "rows", "MAPE %", "median %", "p90 %"):
-            t.add_column(col, justify="left" if col == "left out" else "right")
-        for f in cv["folds"]:
-            t.add_row(f["left_out"], str(f["count"]), f"{f['mape']:.1f}", f"{f['median_ape']:.1f}", f"{f['p90_ape']:.1f}")
-        o = cv["summary"]["overall"]
-        t.add_row("all folds", str(o["count"]), f"{o['mape']:.1f}", f"{o['median_ape']:.1f}", f"{o['p90_ape']:.1f}",
-                  style="bold")
-        con.print(t)
+        for t in cross_validation_tables(cv):
+            con.print(t)
     if args.json:
         rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "predicted_step_time_s",
                                         "published_step_time_s", "predicted_peak_memory_bytes", "fits", "error",

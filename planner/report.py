@@ -108,6 +108,28 @@ def validation_tables(summary: dict) -> list[Table]:
     return out
 
 
+CV_TITLES = {"source": "Leave-one-source-out (profiles refitted without the source)",
+             "release": "Leave-one-release-out (without one software release of a source that spans several)",
+             "gpu": "Leave-one-GPU-type-out (the GPU type's factors from its generation or the shared level)"}
+
+
+def cross_validation_tables(cv: dict) -> list[Table]:
+    """One table per cross-validation scheme: each fold's error on what it left out, then all folds."""
+    out = []
+    fmt = (lambda v: "-" if v is None else f"{v:.1f}")  # noqa: E731
+    for scheme, res in cv["schemes"].items():
+        t = Table(title=CV_TITLES.get(scheme, scheme), header_style="bold")
+        for col in ("left out", "rows", "MAPE %", "median %", "p90 %"):
+            t.add_column(col, justify="left" if col == "left out" else "right")
+        for f in res["folds"]:
+            t.add_row(f["left_out"], str(f["count"]), fmt(f["mape"]), fmt(f["median_ape"]), fmt(f["p90_ape"]))
+        o = res["summary"]["overall"]
+        t.add_row("all folds", str(o["count"]), fmt(o["mape"]), fmt(o["median_ape"]), fmt(o["p90_ape"]),
+                  style="bold")
+        out.append(t)
+    return out
+
+
 def hetero_table(plans: list[dict], title: str) -> Table:
     """Ranked plans of a heterogeneous cluster (rows of planner.hetero.plan_dict)."""
     t = Table(title=title, header_style="bold")

@@ -4,8 +4,10 @@
     python scripts/fit_profiles.py --dry-run       # print the fit report only
     python scripts/fit_profiles.py --reset         # write default (un-fitted) calibration blocks
 
-One fit per GPU profile (never per run or per source), over that GPU's scored rows, with the least-squares
-set-up of costmodel/fit.py. The block lands between the calibration marker and the curves marker of
+Calibration per hardware profile (never per run or per source), partially pooled: one set of factors shared
+by every GPU, a deviation per architecture generation shrunk toward it, a deviation per GPU type shrunk toward
+its generation (costmodel/validate.py fit_profiles; the least squares of costmodel/fit.py). Every shipped
+GPU profile gets a block: one without published rows (H200, H800) takes its generation's factors. The block lands between the calibration marker and the curves marker of
 each YAML; everything else in the file is kept byte for byte.
 """
 
@@ -63,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         rel = rel.relative_to(ROOT)
     except ValueError:
         pass
-    fitted, reports = fit_profiles(cases, fitted_by=f"scripts/fit_profiles.py on {rel} ({len(cases)} scored rows)")
+    gpus = sorted(path.stem for path in GPU_DIR.glob("*.yaml"))
+    fitted, reports = fit_profiles(cases, gpus=gpus,
+                                   fitted_by=f"scripts/fit_profiles.py on {rel} ({len(cases)} scored rows, "
+                                             f"pooled shared -> generation -> GPU type)")
     print(json.dumps(reports, indent=1))
     if errors:
         print(f"{len(errors)} row(s) could not be read: {errors[:3]}", file=sys.stderr)

@@ -1,0 +1,93 @@
+"""Partial pooling of calibration factors and the grouped cross-validation schemes (costmodel/validate.py):
+releases read from notes, which groups a scheme holds out, a GPU type without rows taking its generation's
+factors, and a strong prior holding a level at its parent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel.profiles import load_profile
+from costmodel.validate import SCHEMES, fit_profiles, fold_keys, held_out, load_cases, release_of
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
+FIELDS = ("gemm_efficiency", "comm_exposed", "memory_bound_efficiency")
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return load_cases(DATA)[0]
+
+
+def test_release_is_read_from_the_notes():
+    assert release_of("MBRIDGE_PERF_ARCHIVE", "Megatron-Bridge docs/..., container 26.06.01, pretrain") == "26.06.01"
+    assert release_of("NEMO_PERF_24.07", "NeMo 24.07 container, DGX-H100, pretraining") == "24.07"
+    assert release_of("MLM_README_H100_2024", "MFU=41%; Megatron-Core r0.8.0; overlap-grad-reduce") == "r0.8.0"
+    assert release_of("X", "paper Table 1, Selene") == ""
+
+
+def test_schemes_hold_out_whole_groups(cases):
+    assert SCHEMES == ("source", "release", "gpu")
+    releases = fold_keys(cases, "release")
+    # Only sources that span several releases are split by release: the Megatron-Bridge archive's eight.
+    mb = [k for k in releases if k.startswith("MBRIDGE_PERF_ARCHIVE@")]
+    assert sorted(k.split("@")[1] for k in mb) == ["25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01",
+                                                  "26.06", "26.06.01"]
+    assert not any(k.startswith("NEMO_PERF_24.07@") for k in releases)   # one release only
+    assert fold_keys(cases, "gpu") == sorted({c.cluster.gpu for c in cases})
+    key = "MBRIDGE_PERF_ARCHIVE@26.06"
+    out = [c for c in cases if held_out(c, "release", key)]
+    assert len(out) == 25 and all(c.release == "26.06" and c.source_id == "MBRIDGE_PERF_ARCHIVE" for c in out)
+    with pytest.raises(ValueError, match="valid: source, release, gpu"):
+        fold_keys(cases, "model")
+
+
+def _subset(cases, gpus, per_gpu):
+    out = []
+    for g in gpus:
+        out += [c for c in cases if c.cluster.gpu == g and not c.model.is_moe][:per_gpu]
+    return out
+
+
+def test_a_gpu_without_rows_takes_its_generations_factors(cases):
+    sub = _subset(cases, ["H100", "A100-80GB"], 5)
+    fitted, reports = fit_profiles(sub, fitted_by="test", gpus=["H100", "H200", "A100-80GB", "B200"])
+    h100, h200 = fitted["H100"].calibration, fitted["H200"].calibration
+    # Hopper is backed by H100 alone: H100 is the generation level, and H200 (no rows) takes it.
+    for f in FIELDS:
+        assert getattr(h200, f) == pytest.approx(getattr(h100, f), rel=1e-9)
+    # No Blackwell rows at all: B200 takes the shared level, which differs from Hopper's.
+    shared = next(r for r in reports if r["level"] == "shared")["values"]
+    for f in FIELDS:
+        assert getattr(fitted["B200"].calibration, f) == pytest.approx(shared[f], abs=1e-4)
+    assert any(abs(getattr(h100, f) - shared[f]) > 1e-3 for f in FIELDS)
+    assert {r["level"] for r in reports} == {"shared", "generation hopper", "generation ampere"}
+
+
+def test_a_strong_prior_holds_a_level_at_its_parent(cases):
+    sub = _subset(cases, ["H100", "A100-80GB"], 5)
+    weak, rw = fit_profiles(sub, fitted_by="test", pool_prior_rows={"generation": 0.01})
+    strong, rs = fit_profiles(sub, fitted_by="test", pool_prior_rows={"generation": 1e6})
+    shared = next(r for r in rs if r["level"] == "shared")["values"]
+    dev = lambda fitted: max(abs(np.log(getattr(fitted["A100-80GB"].calibration, f) / shared[f]))  # noqa: E731
+                             for f in FIELDS)
+    assert dev(strong) < 0.01
+    assert dev(weak) > 5 * dev(strong)
+
+
+def test_rows_are_weighted_by_source(cases):
+    from costmodel.validate import _source_weights
+
+    sub = [c for c in cases if c.source_id == "MBRIDGE_PERF_ARCHIVE"][:16] + \
+        [c for c in cases if c.source_id == "KORTHIKANTI2022"][:4]
+    w = _source_weights(sub, 0.5)
+    # 16 rows of one source and 4 of another: each row weighs n^-0.5, so the sources weigh 4 : 2.
+    assert w[:16].sum() / w[16:].sum() == pytest.approx(2.0)
+    assert np.all(_source_weights(sub, 0.0) == 1.0)
+
+
+def test_every_shipped_gpu_names_its_generation():
+    for g in ("V100-32GB", "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300"):
+        assert load_profile(g).generation in ("volta", "ampere", "hopper", "blackwell")

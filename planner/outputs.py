@@ -307,7 +307,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     if model.is_moe and model.linear_bias and plan.etp > 1:
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
         out.append("--disable-bias-linear")
-        lost.append(f"linear biases (Megatron has MoE biases only with expert-tensor-parallel-size 1; the plan has "
+        lost.append(f"linear biases (Megatron has MoE biases only with expert-tensor-parallel-size 1, the plan has "
                     f"etp={plan.etp})")
     fsdp = plan.zero_stage >= 2
     # arguments.py _add_transformer_engine_args: group.add_argument('--transformer-impl',

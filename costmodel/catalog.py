@@ -25,113 +25,182 @@ __all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
 
 # Catalog ----------------------------------------------------------------------------------
 # name -> (aliases, ModelSpec fields). Plain data: nothing is built at import time.
+# The architectural facts (rotary base and scaling, normalisation and epsilon, qk-norm, activation, biases,
+# router) are those of the cited config.json: rope_theta, rope_scaling, rms_norm_eps, hidden_act,
+# attention_bias, scoring_func, topk_method, routed_scaling_factor, n_group, topk_group, norm_topk_prob.
+_LLAMA = dict(activation="swiglu", normalization="RMSNorm", linear_bias=False, attention_dropout=0.0,
+              hidden_dropout=0.0)
+_LLAMA31_ROPE = dict(rotary_base=500000.0, rope_scaling=dict(type="llama3", factor=8.0, low_freq_factor=1.0,
+                     high_freq_factor=4.0, original_max_position_embeddings=8192))
+# gpt-oss facts no ModelSpec field holds (HF openai/gpt-oss-120b config.json and modeling_gpt_oss.py).
+GPT_OSS_UNEXPRESSED = (
+    "YaRN without truncation of the correction range (rope_scaling.truncate false)",
+    "sliding-window attention of 128 tokens on 18 of 36 layers",
+    "router bias (the router's linear layer has a bias)",
+    "attention sinks (a learned per-head logit in every attention softmax)",
+)
 _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Llama 2 7B. Touvron et al. 2023, "Llama 2", Table 1 / HF meta-llama/Llama-2-7b-hf
-    # config.json (32 layers, 4096, intermediate 11008, 32 heads MHA, vocab 32000, 4k context).
+    # config.json (32 layers, 4096, intermediate 11008, 32 heads MHA, vocab 32000, 4k context;
+    # rms_norm_eps 1e-05, no rope_theta key = LlamaConfig's 10000, silu, no biases, untied).
     "7b": (
         ("llama2-7b", "llama-2-7b", "meta-llama/Llama-2-7b-hf"),
-        dict(layers=32, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000, seq_len=4096),
+        dict(layers=32, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000, seq_len=4096, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=10000.0),
     ),
     # Llama 3 8B. Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3 / HF
-    # meta-llama/Meta-Llama-3-8B config.json (32 layers, 4096, 14336, 32 heads, 8 KV heads).
+    # meta-llama/Meta-Llama-3-8B config.json (32 layers, 4096, 14336, 32 heads, 8 KV heads;
+    # rope_theta 500000, rms_norm_eps 1e-05, rope_scaling null, silu, attention_bias false, untied).
     "8b": (
-        ("llama3-8b", "llama-3-8b", "meta-llama-3-8b", "llama3.1-8b", "llama-3.1-8b",
-         "meta-llama/Meta-Llama-3-8B"),
+        ("llama3-8b", "llama-3-8b", "meta-llama-3-8b", "meta-llama/Meta-Llama-3-8B"),
         dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=128256,
-             seq_len=8192),
+             seq_len=8192, **_LLAMA, norm_epsilon=1e-5, rotary_base=500000.0),
+    ),
+    # Llama 3.1 8B: the Llama 3 8B shape; HF meta-llama/Llama-3.1-8B config.json adds rope_scaling
+    # {rope_type llama3, factor 8.0, low_freq_factor 1.0, high_freq_factor 4.0,
+    # original_max_position_embeddings 8192}.
+    "llama3.1-8b": (
+        ("llama-3.1-8b", "meta-llama/Llama-3.1-8B"),
+        dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=128256,
+             seq_len=8192, **_LLAMA, norm_epsilon=1e-5, **_LLAMA31_ROPE),
     ),
     # Llama 2 13B. "Llama 2" paper / HF meta-llama/Llama-2-13b-hf config.json
-    # (40 layers, 5120, intermediate 13824, 40 heads MHA, vocab 32000, 4k context).
+    # (40 layers, 5120, intermediate 13824, 40 heads MHA, vocab 32000, 4k context; as 7B: rms_norm_eps
+    # 1e-05, rope_theta 10000).
     "13b": (
         ("llama2-13b", "llama-2-13b", "meta-llama/Llama-2-13b-hf"),
-        dict(layers=40, hidden=5120, ffn_hidden=13824, heads=40, vocab=32000, seq_len=4096),
+        dict(layers=40, hidden=5120, ffn_hidden=13824, heads=40, vocab=32000, seq_len=4096, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=10000.0),
     ),
     # Llama 3 70B. "The Llama 3 Herd of Models", Table 3 / HF meta-llama/Meta-Llama-3-70B
-    # config.json (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 128256, 8k pretraining).
+    # config.json (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 128256, 8k pretraining;
+    # rope_theta 500000, rms_norm_eps 1e-05, rope_scaling null).
     "70b": (
-        ("llama3-70b", "llama-3-70b", "meta-llama-3-70b", "llama3.1-70b", "llama-3.1-70b",
-         "meta-llama/Meta-Llama-3-70B"),
+        ("llama3-70b", "llama-3-70b", "meta-llama-3-70b", "meta-llama/Meta-Llama-3-70B"),
         dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=128256,
-             seq_len=8192),
+             seq_len=8192, **_LLAMA, norm_epsilon=1e-5, rotary_base=500000.0),
+    ),
+    # Llama 3.1 70B: the Llama 3 70B shape; HF meta-llama/Llama-3.1-70B config.json adds the llama3
+    # rope_scaling of Llama 3.1 8B (factor 8, low 1, high 4, original 8192).
+    "llama3.1-70b": (
+        ("llama-3.1-70b", "meta-llama/Llama-3.1-70B"),
+        dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=128256,
+             seq_len=8192, **_LLAMA, norm_epsilon=1e-5, **_LLAMA31_ROPE),
     ),
     # Llama 3.1 405B. "The Llama 3 Herd of Models", Table 3 (126 layers, model dim 16384,
-    # FFN dim 53248, 128 heads, 8 KV heads, vocab 128000+256 special = 128256, 8k pretraining).
+    # FFN dim 53248, 128 heads, 8 KV heads, vocab 128000+256 special = 128256, 8k pretraining) /
+    # HF meta-llama/Llama-3.1-405B config.json (rope_theta 500000, rms_norm_eps 1e-05, rope_scaling llama3
+    # factor 8, low 1, high 4, original 8192).
     "405b": (
         ("llama3.1-405b", "llama-3.1-405b", "llama3-405b", "llama-3-405b",
          "meta-llama/Llama-3.1-405B"),
         dict(layers=126, hidden=16384, ffn_hidden=53248, heads=128, kv_heads=8, vocab=128256,
-             seq_len=8192),
+             seq_len=8192, **_LLAMA, norm_epsilon=1e-5, **_LLAMA31_ROPE),
     ),
     # GPT-3 175B. Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads x 128,
     # context 2048; FFN = 4 d_model); vocab 51200 = GPT-2 BPE 50257 padded as in Narayanan
-    # et al. 2021 (Megatron-LM) / NeMo GPTConfig175B. Learned positions, tied embeddings.
+    # et al. 2021 (Megatron-LM) / NeMo GPTConfig175B. Learned positions, tied embeddings. Brown et al.:
+    # "the same model and architecture as GPT-2": HF openai-community/gpt2 config.json (biases,
+    # layer_norm_epsilon 1e-05, resid_pdrop / attn_pdrop 0.1); GELU as Megatron-LM computes it.
     "gpt3-175b": (
         ("gpt-3-175b", "gpt3", "gpt-3", "175b"),
         dict(layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=51200, seq_len=2048,
-             gated_mlp=False, learned_position_embeddings=True, tied_embeddings=True),
+             gated_mlp=False, learned_position_embeddings=True, tied_embeddings=True, activation="gelu",
+             normalization="LayerNorm", norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.1,
+             hidden_dropout=0.1),
     ),
     # Mixtral 8x7B. Jiang et al. 2024, "Mixtral of Experts", Table 1 / HF
     # mistralai/Mixtral-8x7B-v0.1 config.json (32 layers, 4096, 14336, 32 heads, 8 KV heads,
-    # 8 experts top-2, vocab 32000). seq_len 4096 is a training choice, not the 32k context.
+    # 8 experts top-2, vocab 32000; rope_theta 1e6, rms_norm_eps 1e-05, sliding_window null, softmax
+    # router renormalised over the top-2). seq_len 4096 is a training choice, not the 32k context.
     "mixtral-8x7b": (
         ("mixtral", "mixtral8x7b", "mistralai/Mixtral-8x7B-v0.1"),
         dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=32000,
-             seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=14336),
+             seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=14336, **_LLAMA, norm_epsilon=1e-5,
+             rotary_base=1000000.0, moe_router_score="softmax", moe_router_norm_topk=True),
     ),
     # DeepSeek-V3 (671B total / 37B active). DeepSeek-AI 2024, "DeepSeek-V3 Technical
     # Report", section 4.2 / HF deepseek-ai/DeepSeek-V3 config.json (61 layers, 7168,
     # intermediate 18432, moe_intermediate 2048, 128 heads, kv_lora_rank 512, q_lora_rank 1536,
     # qk_nope 128, qk_rope 64, v_head 128, 256 routed + 1 shared experts, top-8,
-    # first_k_dense_replace 3, vocab 129280, num_nextn_predict_layers 1: one MTP module; pretraining at 4k).
+    # first_k_dense_replace 3, vocab 129280, num_nextn_predict_layers 1: one MTP module; pretraining at 4k;
+    # rope_theta 10000, rope_scaling yarn factor 40 / original 4096 / beta_fast 32 / beta_slow 1 / mscale 1.0 /
+    # mscale_all_dim 1.0, rms_norm_eps 1e-06, scoring_func sigmoid, topk_method noaux_tc (expert bias),
+    # routed_scaling_factor 2.5, n_group 8, topk_group 4, norm_topk_prob true; modeling_deepseek.py normalises
+    # the q and kv latents (q_a_layernorm, kv_a_layernorm): Megatron's --qk-layernorm with MLA).
     "deepseek-v3": (
         ("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"),
         dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
              seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
              dense_layers=3, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
-             mla_v_head_dim=128, mtp_layers=1),
+             mla_v_head_dim=128, mtp_layers=1, **_LLAMA, norm_epsilon=1e-6, qk_norm=True,
+             rotary_base=10000.0, rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                                                     beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5,
+             moe_router_groups=8, moe_router_group_topk=4, moe_router_norm_topk=True),
     ),
     # Qwen3-30B-A3B. Qwen Team 2025, "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-30B-A3B
     # config.json (48 layers, 2048, 32 Q / 4 KV heads x 128, 128 experts top-8,
-    # moe_intermediate 768, intermediate 6144 unused, vocab 151936, untied).
+    # moe_intermediate 768, intermediate 6144 unused, vocab 151936, untied; rope_theta 1e6, rms_norm_eps
+    # 1e-06, attention_bias false, norm_topk_prob true; modeling_qwen3_moe.py: q_norm / k_norm per head).
     "qwen3-30b-a3b": (
         ("qwen3-30b", "qwen3-30ba3b", "Qwen/Qwen3-30B-A3B"),
         dict(layers=48, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4, head_dim=128,
-             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=768),
+             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=768, **_LLAMA,
+             norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0, moe_router_norm_topk=True),
     ),
     # Qwen3-235B-A22B. "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-235B-A22B config.json
     # (94 layers, 4096, 64 Q / 4 KV heads x 128, 128 experts top-8, moe_intermediate 1536,
-    # intermediate 12288 unused, vocab 151936). seq 4096 = pretraining stages S1/S2.
+    # intermediate 12288 unused, vocab 151936; rope_theta 1e6, rms_norm_eps 1e-06, norm_topk_prob true, qk-norm
+    # as Qwen3-30B-A3B). seq 4096 = pretraining stages S1/S2.
     "qwen3-235b-a22b": (
         ("qwen3-235b", "qwen3-235ba22b", "Qwen/Qwen3-235B-A22B"),
         dict(layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4, head_dim=128,
-             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=1536),
+             vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=1536, **_LLAMA,
+             norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0, moe_router_norm_topk=True),
     ),
     # gpt-oss-120b. OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" / HF
     # openai/gpt-oss-120b config.json (36 layers, 2880, 64 Q / 8 KV heads x 64, 128 experts
-    # top-4, intermediate 2880, vocab 201088, initial_context_length 4096, untied).
-    # Attention sinks, biases and the alternating 128-token sliding window are not modelled.
+    # top-4, intermediate 2880, vocab 201088, initial_context_length 4096, untied; rope_theta 150000,
+    # rope_scaling yarn factor 32 / original 4096 / beta_fast 32 / beta_slow 1, rms_norm_eps 1e-05,
+    # attention_bias true, swiglu_limit 7.0; modeling_gpt_oss.py: experts compute
+    # (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g) with g = clamp(gate, max=7) = Megatron's quick-GeGLU with
+    # clamp 7 and linear offset 1, expert and router biases, softmax over the top-4 router logits).
+    # Attention sinks, the router bias, the alternating 128-token sliding window and YaRN's untruncated correction
+    # range have no field (unexpressed, in the words from_hf_config uses for the same config).
     "gpt-oss-120b": (
         ("gptoss-120b", "gpt-oss", "openai/gpt-oss-120b"),
         dict(layers=36, hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
-             vocab=201088, seq_len=4096, num_experts=128, moe_topk=4, moe_ffn_hidden=2880),
+             vocab=201088, seq_len=4096, num_experts=128, moe_topk=4, moe_ffn_hidden=2880,
+             activation="quick_geglu", activation_clamp=7.0, glu_linear_offset=1.0, normalization="RMSNorm",
+             norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.0, hidden_dropout=0.0, rotary_base=150000.0,
+             rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                               beta_slow=1.0),
+             unexpressed=GPT_OSS_UNEXPRESSED),
     ),
     # Nemotron-4 340B. NVIDIA 2024, "Nemotron-4 340B Technical Report", Table 1 / NeMo
     # Nemotron4Config340B (96 layers, 18432, ffn 73728, 96 heads, 8 query groups, seq 4096,
-    # vocab 256000, squared-ReLU 2-matrix MLP, untied embeddings).
+    # vocab 256000, squared-ReLU 2-matrix MLP, untied embeddings; NeMo NemotronConfig: LayerNorm with
+    # zero-centred gamma (HF NemotronLayerNorm1P, norm_eps 1e-05), no biases, dropout 0, rotary_percent 0.5
+    # (HF partial_rotary_factor 0.5), rope_theta 10000).
     "nemotron4-340b": (
         ("nemotron-4-340b", "nemotron4", "nvidia/Nemotron-4-340B-Base"),
         dict(layers=96, hidden=18432, ffn_hidden=73728, heads=96, kv_heads=8, vocab=256000,
-             seq_len=4096, gated_mlp=False),
+             seq_len=4096, gated_mlp=False, activation="squared_relu", normalization="LayerNorm1p",
+             norm_epsilon=1e-5, linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
+             rotary_base=10000.0, rotary_percent=0.5),
     ),
     # Llama 2 70B. "Llama 2" paper (GQA for 70B) / HF meta-llama/Llama-2-70b-hf config.json
-    # (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 32000, 4k context).
+    # (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 32000, 4k context; rms_norm_eps 1e-05,
+    # rope_theta 10000).
     "llama2-70b": (
         ("llama-2-70b", "meta-llama/Llama-2-70b-hf"),
         dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=32000,
-             seq_len=4096),
+             seq_len=4096, **_LLAMA, norm_epsilon=1e-5, rotary_base=10000.0),
     ),
     # Tiny models for the executor's CPU runs (tests, the closed-loop benchmark, the README demo); not
-    # published models. GELU MLP, MHA, untied embeddings, rope: exactly what executor/model.py builds.
+    # published models. GELU MLP, MHA, untied embeddings, rope: exactly what executor/model.py builds (megatron-core's
+    # TransformerConfig defaults: LayerNorm 1e-5, linear biases, dropout 0.1, rotary base 10000).
     # fp32: CPUs without bf16 arithmetic run bf16 GEMMs ~50x slower (measured by `plan profile`).
     "tiny-gpt": (
         ("tiny",),
@@ -417,6 +486,7 @@ def from_hf_config(
         cfg.source["precision"] = "precision"
     parent = p.resolve().parent.name
     fields["name"] = parent if p.name == "config.json" and parent else p.stem
+    fields.update(_architecture(cfg, model_type, fields))
 
     try:
         return ModelSpec.model_validate(fields)
@@ -454,3 +524,219 @@ def _dense_layers(cfg: _Config, num_experts: int) -> int:
             f"exceeds num_hidden_layers={layers}"
         )
     return dense
+
+
+# Architectural facts of a Hugging Face config --------------------------------------------------
+# transformers' own defaults where a config leaves a key out (the configuration_<model_type>.py classes of
+# transformers 4.5x): rms_norm_eps / layer_norm_eps, rope_theta, norm_topk_prob.
+_KNOWN_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron")
+_EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen2_moe": 1e-6, "qwen3": 1e-6,
+                "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gpt2": 1e-5,
+                "gpt_neox": 1e-5, "nemotron": 1e-5}
+_THETA_DEFAULT = {"llama": 10000.0, "mistral": 10000.0, "mixtral": 1e6, "qwen2": 10000.0, "qwen2_moe": 10000.0,
+                  "qwen3": 10000.0, "qwen3_moe": 10000.0, "deepseek_v2": 10000.0, "deepseek_v3": 10000.0,
+                  "gpt_oss": 150000.0, "gpt_neox": 10000.0, "nemotron": 10000.0}
+_NORM_TOPK_DEFAULT = {"mixtral": True, "gpt_oss": True, "qwen2_moe": False, "qwen3_moe": False, "deepseek_v2": False,
+                      "deepseek_v3": True}
+# Keys from_hf_config maps onto a field (above or in _architecture) ...
+_MAPPED_KEYS = {
+    "model_type", "num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "d_model",
+    "num_attention_heads", "n_head", "vocab_size", "padded_vocab_size", "num_local_experts", "num_experts",
+    "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "experts_per_token", "moe_top_k",
+    "moe_intermediate_size", "intermediate_size", "n_shared_experts", "num_shared_experts",
+    "shared_expert_intermediate_size", "num_nextn_predict_layers", "mtp_num_layers", "n_inner", "ffn_hidden_size",
+    "ffn_dim", "num_key_value_heads", "num_kv_heads", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "head_dim", "kv_channels", "max_position_embeddings", "n_positions",
+    "n_ctx", "seq_length", "max_sequence_length", "tie_word_embeddings", "hidden_act", "activation_function",
+    "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+    "mlp_only_layers", "rope_theta", "rotary_emb_base", "rope_scaling", "partial_rotary_factor", "rotary_pct",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "attention_bias", "mlp_bias",
+    "attention_dropout", "attn_pdrop", "hidden_dropout", "resid_pdrop", "embd_pdrop", "scoring_func",
+    "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "swiglu_limit",
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "use_parallel_residual",
+    "router_jitter_noise", "scale_attn_by_inverse_layer_idx", "text_config",
+}
+# ... and keys that do not change the model a training run builds: token ids, dtype and serving settings,
+# initialisation, HF's tensor-parallel hint, and the load-balancing loss weights (a training objective passed
+# like the learning rate: Megatron's --moe-aux-loss-coeff, outside the plan).
+_NOT_ARCHITECTURE = {
+    "architectures", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "initializer_factor", "pretraining_tp",
+    "quantization_config", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
+    "ep_size", "initial_context_length", "scale_attn_weights", "reorder_and_upcast_attn", "summary_type",
+    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    "task_specific_params", "classifier_dropout", "use_return_dict", "return_dict",
+}
+_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+         "gelu_fast": "gelu_tanh", "relu2": "squared_relu", "squared_relu": "squared_relu", "relu": "relu"}
+
+
+def _number(cfg: _Config, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{cfg.path}: field '{key}': expected a number, got {value!r}")
+    return float(value)
+
+
+def _rope_scaling(cfg: _Config, raw: Any, lost: list[str]) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InputError(f"{cfg.path}: field 'rope_scaling': expected an object or null, got {raw!r}")
+    kind = str(raw.get("rope_type") or raw.get("type") or "")
+    if kind == "default":
+        return None
+    if kind not in ("yarn", "llama3", "linear"):
+        lost.append(f"rope_scaling of type {kind!r} (the planner knows yarn, llama3 and linear)")
+        return None
+    out: dict[str, Any] = {"type": kind, "factor": _number(cfg, "rope_scaling.factor", raw.get("factor"))}
+    names = {"yarn": ("original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"),
+             "llama3": ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor"), "linear": ()}[kind]
+    for name in names:
+        if raw.get(name) is not None:
+            value = _number(cfg, f"rope_scaling.{name}", raw[name])
+            out[name] = int(value) if name == "original_max_position_embeddings" else value
+    extra = set(raw) - set(names) - {"rope_type", "type", "factor"}
+    if kind == "yarn" and raw.get("truncate") is False:
+        lost.append("YaRN without truncation of the correction range (rope_scaling.truncate false)")
+        extra.discard("truncate")
+    if extra:
+        lost.append(f"rope_scaling keys {sorted(extra)} (no mapping)")
+    return out
+
+
+def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields beyond the shape: normalisation, activation, biases, rotary embeddings, router; and, as
+    ``unexpressed``, every fact of the config that none of them holds (an unknown model_type, an unmapped key,
+    a value no field can state)."""
+    data = cfg.data
+    get = data.get
+    lost: list[str] = []
+    out: dict[str, Any] = {}
+    known = model_type in _KNOWN_TYPES
+    if not known:
+        lost.append(f"model_type {model_type or '(none)'!r}: an architecture the planner does not know (known: "
+                    f"{', '.join(_KNOWN_TYPES)})")
+    for key in sorted(set(data) - _MAPPED_KEYS - _NOT_ARCHITECTURE):
+        lost.append(f"config key {key!r}={data[key]!r} (no mapping)")
+
+    def default(key: str, table: dict[str, Any], what: str) -> Any:
+        if model_type in table:
+            return table[model_type]
+        lost.append(f"{what}: no {key!r} and transformers' default for model_type {model_type!r} is not known here")
+        return None
+
+    # Normalisation.
+    eps_key = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+                    if get(k) is not None), None)
+    eps = _number(cfg, eps_key, get(eps_key)) if eps_key else default("rms_norm_eps", _EPS_DEFAULT, "norm epsilon")
+    if eps is not None:
+        out["norm_epsilon"] = eps
+    rms = eps_key == "rms_norm_eps" or (eps_key is None and model_type not in ("gpt2", "gpt_neox", "nemotron"))
+    out["normalization"] = "LayerNorm1p" if model_type == "nemotron" else ("RMSNorm" if rms else "LayerNorm")
+    out["qk_norm"] = model_type in ("qwen3", "qwen3_moe") or fields.get("mla_kv_lora_rank") is not None
+
+    # Activation (gated when the MLP has a gate projection, as fields['gated_mlp'] was decided above).
+    act_name = str(get("hidden_act") or get("activation_function") or ("gelu_new" if model_type == "gpt2" else "silu"))
+    act = _ACTS.get(act_name.lower())
+    gated = fields.get("gated_mlp", True)
+    if model_type == "gpt_oss":
+        act = "quick_geglu"  # modeling_gpt_oss.py: (up + 1) * gate * sigmoid(1.702 gate), both clamped
+        out["activation_clamp"] = _number(cfg, "swiglu_limit", get("swiglu_limit", 7.0))
+        out["glu_linear_offset"] = 1.0
+    elif act is None:
+        lost.append(f"activation {act_name!r} (hidden_act)")
+        act = "swiglu" if gated else "gelu"
+    elif gated and act != "swiglu":
+        act = {"gelu": "geglu", "gelu_tanh": "geglu"}.get(act)
+        if act is None:
+            lost.append(f"gated MLP with activation {act_name!r}")
+            act = "swiglu"
+    elif not gated and act == "swiglu":
+        act = "silu"
+    out["activation"] = act
+    out["gated_mlp"] = act in ("swiglu", "geglu", "quick_geglu")
+
+    # Biases.
+    attn_bias, mlp_bias = bool(get("attention_bias", False)), bool(get("mlp_bias", False))
+    if model_type in ("gpt2", "gpt_neox"):
+        out["linear_bias"] = True
+    elif model_type == "gpt_oss":
+        out["linear_bias"] = attn_bias  # attention and expert biases alike
+    elif model_type in ("qwen2", "qwen2_moe"):
+        out["linear_bias"], out["qkv_bias"] = False, True  # modeling_qwen2.py: q/k/v projections with bias=True
+    else:
+        out["linear_bias"] = attn_bias and mlp_bias
+        if attn_bias != mlp_bias:
+            lost.append(f"biases on the {'attention' if attn_bias else 'MLP'} projections only "
+                        f"(attention_bias={attn_bias}, mlp_bias={mlp_bias})")
+
+    # Dropout.
+    drop = 0.1 if model_type == "gpt2" else 0.0
+    out["attention_dropout"] = _number(cfg, "attention_dropout", get("attention_dropout", get("attn_pdrop", drop)))
+    out["hidden_dropout"] = _number(cfg, "hidden_dropout", get("hidden_dropout", get("resid_pdrop", drop)))
+    if get("embd_pdrop") is not None and get("embd_pdrop") != out["hidden_dropout"]:
+        lost.append(f"embedding dropout {get('embd_pdrop')} differing from the hidden dropout")
+
+    # Positions.
+    if not fields.get("learned_position_embeddings"):
+        theta = get("rope_theta", get("rotary_emb_base"))
+        theta = _number(cfg, "rope_theta", theta) if theta is not None else default("rope_theta", _THETA_DEFAULT,
+                                                                                        "rotary base")
+        if theta is not None:
+            out["rotary_base"] = theta
+        pct = get("partial_rotary_factor", get("rotary_pct", 0.25 if model_type == "gpt_neox" else None))
+        if pct is not None:
+            out["rotary_percent"] = _number(cfg, "partial_rotary_factor", pct)
+        scaling = _rope_scaling(cfg, get("rope_scaling"), lost)
+        if scaling is not None:
+            out["rope_scaling"] = scaling
+    window = get("sliding_window")
+    if window is not None and get("use_sliding_window", True) is not False and window < fields["seq_len"]:
+        layers = get("layer_types")
+        where = f" on {sum(t == 'sliding_attention' for t in layers)} of {len(layers)} layers" \
+            if isinstance(layers, list) else ""
+        lost.append(f"sliding-window attention of {window} tokens{where}")
+    if model_type == "gpt_neox" and get("use_parallel_residual", True):
+        lost.append("parallel attention and MLP residual (use_parallel_residual)")
+    if get("scale_attn_by_inverse_layer_idx"):
+        lost.append("attention scores scaled by 1 / layer index (scale_attn_by_inverse_layer_idx)")
+    if get("router_jitter_noise"):
+        lost.append(f"router input jitter {get('router_jitter_noise')} (router_jitter_noise)")
+
+    # Router.
+    if fields.get("num_experts"):
+        score = str(get("scoring_func", "softmax"))
+        if score not in ("softmax", "sigmoid"):
+            lost.append(f"router score function {score!r} (scoring_func)")
+            score = "softmax"
+        out["moe_router_score"] = score
+        norm = get("norm_topk_prob")
+        norm = bool(norm) if norm is not None else default("norm_topk_prob", _NORM_TOPK_DEFAULT,
+                                                           "top-k weight renormalisation")
+        out["moe_router_norm_topk"] = True if norm is None else norm
+        method = str(get("topk_method", "greedy"))
+        if method not in ("greedy", "noaux_tc", "group_limited_greedy"):
+            lost.append(f"router top-k method {method!r} (topk_method)")
+        if method == "noaux_tc":
+            out["moe_router_expert_bias"] = True  # e_score_correction_bias, updated outside the loss
+        groups, group_topk = get("n_group"), get("topk_group")
+        if method in ("noaux_tc", "group_limited_greedy") and isinstance(groups, int) and groups > 1:
+            out["moe_router_groups"], out["moe_router_group_topk"] = groups, group_topk
+            # Megatron scores a group by the sum of its top (topk / group_topk) experts; DeepSeek-V3 (noaux_tc)
+            # by its top 2, DeepSeek-V2 (group_limited_greedy) by its best one.
+            per = 2 if method == "noaux_tc" else 1
+            if isinstance(group_topk, int) and group_topk and fields["moe_topk"] // group_topk != per:
+                lost.append(f"group score of the top {per} expert(s) per group ({method}); Megatron sums the top "
+                            f"moe_topk / topk_group = {fields['moe_topk'] // group_topk}")
+        factor = get("routed_scaling_factor")
+        if factor is not None and not (model_type == "deepseek_v2" and norm):
+            out["moe_router_topk_scaling"] = _number(cfg, "routed_scaling_factor", factor)
+        if model_type == "qwen2_moe" and fields.get("shared_experts"):
+            lost.append("sigmoid gate on the shared expert (shared_expert_gate)")
+        if model_type == "gpt_oss":
+            lost.append("router bias (the router's linear layer has a bias)")
+    if model_type == "gpt_oss":
+        lost.append("attention sinks (a learned per-head logit in every attention softmax)")
+    out["unexpressed"] = tuple(lost)
+    return out

@@ -14,6 +14,9 @@ Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full"]
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
 Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other"]
+Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
+Normalization = Literal["RMSNorm", "LayerNorm", "LayerNorm1p"]
+GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")
 
 PRECISION_ALIASES: dict[str, str] = {
     "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)
@@ -35,8 +38,38 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class RopeScaling(_Frozen):
+    """Rotary-embedding frequency scaling, as a Hugging Face config's ``rope_scaling`` states it."""
+
+    type: Literal["yarn", "llama3", "linear"]
+    """yarn (DeepSeek-V3, gpt-oss), llama3 (Llama 3.1 / 3.2) or linear (position interpolation)."""
+    factor: float = Field(gt=0)
+    """Context extension factor."""
+    original_max_position_embeddings: int | None = Field(default=None, ge=1)
+    """Context length the frequencies were trained for (yarn, llama3)."""
+    beta_fast: float = 32.0
+    """yarn: high-frequency boundary (rotations)."""
+    beta_slow: float = 1.0
+    """yarn: low-frequency boundary (rotations)."""
+    mscale: float = 1.0
+    """yarn: attention-temperature coefficient."""
+    mscale_all_dim: float = 0.0
+    """yarn: attention-temperature coefficient applied to all dimensions (DeepSeek's mscale_all_dim)."""
+    low_freq_factor: float = 1.0
+    """llama3: low-frequency wavelength factor."""
+    high_freq_factor: float = 4.0
+    """llama3: high-frequency wavelength factor."""
+
+
 class ModelSpec(_Frozen):
-    """A decoder-only transformer (GPT / Llama / MoE family) as Megatron builds it."""
+    """A decoder-only transformer (GPT / Llama / MoE family) as Megatron builds it.
+
+    The architectural facts below the shape (positions, normalisation, activation, biases, router) change
+    numerics but not the cost model's figures; ``planner/outputs.py`` turns every one into Megatron-LM flags.
+    ``activation``, ``normalization``, ``linear_bias`` and the dropouts default from ``gated_mlp`` (SwiGLU +
+    RMSNorm + no biases + no dropout, or GELU + LayerNorm + biases + dropout 0.1), as Megatron's flags were
+    written before they were fields.
+    """
 
     name: str = "custom"
     """Catalog name or a free label."""
@@ -61,7 +94,33 @@ class ModelSpec(_Frozen):
     tied_embeddings: bool = False
     """Input embedding and LM head share one matrix."""
     learned_position_embeddings: bool = False
-    """GPT-2/3 style learned absolute position embedding table (s x h)."""
+    """GPT-2/3 style learned absolute position embedding table (s x h); False = rotary embeddings."""
+    activation: Activation = "swiglu"
+    """MLP activation: swiglu / geglu / quick_geglu are gated (gated_mlp), the others are not."""
+    activation_clamp: float | None = Field(default=None, gt=0)
+    """Clamp of the activation's inputs (gpt-oss swiglu_limit); None = no clamp."""
+    glu_linear_offset: float = 0.0
+    """Offset added to the linear half of a gated activation: act(x1) * (x2 + offset) (gpt-oss: 1)."""
+    normalization: Normalization = "RMSNorm"
+    """Layer normalisation: RMSNorm, LayerNorm, or LayerNorm1p (LayerNorm with zero-centred gamma)."""
+    norm_epsilon: float = Field(default=1e-5, gt=0)
+    """Epsilon of every normalisation (HF rms_norm_eps / layer_norm_eps)."""
+    qk_norm: bool = False
+    """Normalisation of queries and keys per head (Qwen3) or of the compressed q / kv latents (MLA)."""
+    linear_bias: bool = False
+    """Biases on every linear layer (attention and MLP); the cost model counts none either way."""
+    qkv_bias: bool = False
+    """Biases on the query / key / value projections only (Qwen2); implied by linear_bias."""
+    attention_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the attention probabilities during training (default 0, or 0.1 without gated_mlp)."""
+    hidden_dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the residual-branch outputs during training (default 0, or 0.1 without gated_mlp)."""
+    rotary_base: float = Field(default=10000.0, gt=0)
+    """Rotary embedding base theta (HF rope_theta)."""
+    rotary_percent: float = Field(default=1.0, gt=0, le=1)
+    """Share of each head's dimensions that get rotary embeddings (HF partial_rotary_factor)."""
+    rope_scaling: RopeScaling | None = None
+    """Rotary frequency scaling (YaRN, Llama 3.1); None = plain rotary embeddings."""
     num_experts: int = Field(default=0, ge=0)
     """Routed experts per MoE layer; 0 for a dense model."""
     moe_topk: int = Field(default=0, ge=0)
@@ -72,6 +131,18 @@ class ModelSpec(_Frozen):
     """Shared (always-on) experts per MoE layer, each of width moe_ffn_hidden."""
     dense_layers: int = Field(default=0, ge=0)
     """Leading dense layers before the MoE layers (DeepSeek's first_k_dense_replace)."""
+    moe_router_score: Literal["softmax", "sigmoid"] = "softmax"
+    """Router score function (DeepSeek-V3 scoring_func sigmoid)."""
+    moe_router_norm_topk: bool = True
+    """The top-k routing weights are renormalised to sum to 1 (HF norm_topk_prob; softmax over the top-k)."""
+    moe_router_expert_bias: bool = False
+    """Aux-loss-free balancing: a per-expert bias added to the scores for selection (DeepSeek-V3 noaux_tc)."""
+    moe_router_topk_scaling: float = Field(default=1.0, gt=0)
+    """Factor on the routing weights (DeepSeek-V3 routed_scaling_factor 2.5)."""
+    moe_router_groups: int | None = Field(default=None, ge=1)
+    """Group-limited routing: experts fall into this many groups (DeepSeek-V3 n_group); None = no groups."""
+    moe_router_group_topk: int | None = Field(default=None, ge=1)
+    """Group-limited routing: groups each token may use (DeepSeek-V3 topk_group)."""
     mtp_layers: int = Field(default=0, ge=0)
     """Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers, Megatron --mtp-num-layers).
     Each adds one transformer layer of the model's last kind and a 2h->h projection, and runs the shared
@@ -86,6 +157,23 @@ class ModelSpec(_Frozen):
     """Multi-head latent attention: value head width (None = head_dim)."""
     precision: Precision = "bf16"
     """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
+    unexpressed: tuple[str, ...] = ()
+    """Architectural facts of the source (a config.json, or the catalog's citation) that no field above holds;
+    megatron_args.txt names them in a '# not expressed:' line. Empty for a model the planner fully expresses."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_from_gated(cls, data):
+        # GPT-era (ungated) models: GELU, LayerNorm, biases and Megatron's default dropout 0.1, which is what the
+        # cost model assumes for them (costmodel/memory.py: dropout masks only without gated_mlp).
+        derived = ("activation", "normalization", "linear_bias", "attention_dropout", "hidden_dropout")
+        if isinstance(data, dict) and not set(derived) <= data.keys():
+            gated = data.get("gated_mlp", True) is not False
+            data = dict(data)
+            for key, value in zip(derived, ("swiglu", "RMSNorm", False, 0.0, 0.0) if gated
+                                  else ("gelu", "LayerNorm", True, 0.1, 0.1)):
+                data.setdefault(key, value)
+        return data
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -106,6 +194,20 @@ class ModelSpec(_Frozen):
                 raise ValueError(f"dense_layers={self.dense_layers} exceeds layers={self.layers}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.gated_mlp != (self.activation in GATED_ACTIVATIONS):
+            raise ValueError(f"activation={self.activation!r} is {'' if self.gated_mlp else 'not '}expected with "
+                             f"gated_mlp={self.gated_mlp}; gated: {', '.join(GATED_ACTIVATIONS)}")
+        if self.moe_router_expert_bias and self.moe_router_score != "sigmoid":
+            raise ValueError("moe_router_expert_bias needs moe_router_score='sigmoid'")
+        if (self.moe_router_groups is None) != (self.moe_router_group_topk is None):
+            raise ValueError("moe_router_groups and moe_router_group_topk go together (group-limited routing)")
+        if self.moe_router_groups is not None:
+            if not self.num_experts or self.num_experts % self.moe_router_groups:
+                raise ValueError(f"moe_router_groups={self.moe_router_groups} must divide "
+                                 f"num_experts={self.num_experts}")
+            if self.moe_router_group_topk > self.moe_router_groups:
+                raise ValueError(f"moe_router_group_topk={self.moe_router_group_topk} exceeds "
+                                 f"moe_router_groups={self.moe_router_groups}")
         return self
 
     # Derived shapes -----------------------------------------------------------------------

@@ -33,12 +33,14 @@ from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
 
 __all__ = [
     "OUTPUT_FILES",
+    "architecture_flags",
     "launch_script",
     "layout_from_layers_per_stage",
     "megatron_args",
     "parse_layout",
     "parse_megatron_args",
     "sbatch_script",
+    "transformer_engine_runs",
     "write_outputs",
 ]
 
@@ -114,32 +116,25 @@ def _check_layout(model: ModelSpec, plan: ParallelPlan, layout: str) -> None:
                          f"plan has layers_per_stage={list(plan.layers_per_stage)}")
 
 
-def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,
-                  fp8_recipe: str = "tensorwise") -> list[str]:
-    """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan``.
+def _num(x: float) -> str:
+    """A float as Megatron's argparse reads it back exactly (500000.0 -> 500000, 1e-06 -> 1e-06)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
-    One flag, or flag and value separated by one space, per item; items starting with ``#`` are
-    comments (settings without a verified flag, and notes). ``layout`` is a
-    ``--pipeline-model-parallel-layout`` string for uneven splits; without it, a plan with explicit
-    ``layers_per_stage`` gets a layout generated from them. ``fp8_recipe`` picks the Hopper FP8
-    scaling (delayed, tensorwise or blockwise) for ``precision='fp8'``.
-    """
-    if fp8_recipe not in _FP8_RECIPES:
-        raise InputError(f"fp8_recipe={fp8_recipe!r}; valid: {', '.join(_FP8_RECIPES)}")
+
+def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> tuple[list[str], list[str]]:
+    """(flags, lost): the Megatron-LM flags that build ``model``'s architecture, and the facts of the model that
+    no flag can state (``model.unexpressed`` first). ``megatron_args`` writes ``lost`` as one
+    ``# not expressed: ...`` comment line."""
     out: list[str] = []
-    notes: list[str] = []
-    fsdp = plan.zero_stage >= 2
-
+    lost: list[str] = list(model.unexpressed)
     # -- model shape ---------------------------------------------------------------------------
     # arguments.py _add_network_size_args:
     #   group.add_argument('--num-layers', type=int, default=None, help='Number of transformer layers.')
     #   '--hidden-size', '--ffn-hidden-size', '--num-attention-heads', '--kv-channels',
     #   group.add_argument('--group-query-attention', action='store_true', ...), '--num-query-groups',
     #   '--max-position-embeddings', '--position-embedding-type' choices=['learned_absolute', 'rope', ...],
-    #   '--normalization' choices=['LayerNorm', 'RMSNorm'], '--swiglu',
     #   '--untie-embeddings-and-output-weights', '--multi-latent-attention'.
     # arguments.py _add_data_args: group.add_argument('--seq-length', type=int, ...)
-    # arguments.py _add_training_args: '--disable-bias-linear' (dest='add_bias_linear').
     mla = model.mla_kv_lora_rank is not None
     out += [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
             f"--ffn-hidden-size {model.ffn_hidden}", f"--num-attention-heads {model.heads}"]
@@ -148,18 +143,84 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     if not mla and model.kv_heads is not None and model.kv_heads != model.heads:
         out += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
     out += [f"--seq-length {model.seq_len}", f"--max-position-embeddings {model.seq_len}"]
-    out.append("--position-embedding-type " + ("learned_absolute" if model.learned_position_embeddings else "rope"))
-    if model.gated_mlp:
-        # Llama-style: SwiGLU, RMSNorm, no linear biases (the cost model counts no biases).
-        out += ["--swiglu", "--normalization RMSNorm", "--disable-bias-linear"]
-    else:
-        out.append("--normalization LayerNorm")
     if not model.tied_embeddings:
         out.append("--untie-embeddings-and-output-weights")
-    # arguments.py _add_tokenizer_args defines '--vocab-size' but the tokenizer normally sets the
-    # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
-    notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
-                 f"pass --vocab-size {model.vocab})")
+
+    # -- positions ----------------------------------------------------------------------------------
+    # _add_network_size_args: group.add_argument('--rotary-base', type=int, default=10000, ...),
+    #   '--rotary-percent' (type=float, default=1.0), '--rotary-seq-len-interpolation-factor' (type=int),
+    #   group.add_argument('--use-rope-scaling', action='store_true', help='Apply rope scaling as used in llama3.x'),
+    #   '--rope-scaling-factor' (type=float, default=8.0). megatron-core 0.16.1 RotaryEmbedding._apply_scaling
+    #   fixes low_freq_factor=1, high_freq_factor=4, original_max_position_embeddings=8192.
+    # _add_training_args: '--rope-type' choices=['rope', 'yarn'] ("MLA takes yarn by default, and common attention
+    #   takes rope by default"); core_transformer_config_from_args: 'Common attention only support rope_type="rope"'.
+    # _add_mla_args: '--rotary-scaling-factor' (float, default 1.0), '--mscale' (1.0), '--mscale-all-dim' (0.0);
+    #   MLATransformerConfig fixes original_max_position_embeddings=4096, beta_fast=32, beta_slow=1 (no flags).
+    if model.learned_position_embeddings:
+        out.append("--position-embedding-type learned_absolute")
+    else:
+        out.append("--position-embedding-type rope")
+        if float(model.rotary_base).is_integer():
+            out.append(f"--rotary-base {int(model.rotary_base)}")
+        else:
+            lost.append(f"rotary base {model.rotary_base} (Megatron's --rotary-base takes an integer)")
+        if model.rotary_percent != 1.0:
+            out.append(f"--rotary-percent {_num(model.rotary_percent)}")
+        rs = model.rope_scaling
+        if rs is None:
+            if mla:
+                # MLATransformerConfig defaults to yarn, and "apply_rope_fusion for MLA only works with YARN RoPE"
+                # (_add_training_args: '--no-rope-fusion', dest='apply_rope_fusion').
+                out += ["--rope-type rope", "--no-rope-fusion"]
+        elif rs.type == "yarn" and mla:
+            out += ["--rope-type yarn", f"--rotary-scaling-factor {_num(rs.factor)}", f"--mscale {_num(rs.mscale)}",
+                    f"--mscale-all-dim {_num(rs.mscale_all_dim)}"]
+            fixed = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+            for name, value in fixed.items():
+                if getattr(rs, name) not in (None, value):
+                    lost.append(f"YaRN {name}={getattr(rs, name)} (Megatron fixes {value})")
+        elif rs.type == "yarn":
+            lost.append(f"YaRN rope scaling (factor {_num(rs.factor)}): Megatron-LM applies YaRN only with "
+                        f"--multi-latent-attention")
+        elif rs.type == "llama3":
+            out += ["--use-rope-scaling", f"--rope-scaling-factor {_num(rs.factor)}"]
+            fixed = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+            for name, value in fixed.items():
+                if getattr(rs, name) not in (None, value):
+                    lost.append(f"llama3 rope scaling {name}={getattr(rs, name)} (Megatron fixes {value})")
+        elif float(rs.factor).is_integer():
+            out.append(f"--rotary-seq-len-interpolation-factor {int(rs.factor)}")
+        else:
+            lost.append(f"linear rope scaling by {rs.factor} (Megatron's interpolation factor is an integer)")
+
+    # -- layer internals ------------------------------------------------------------------------------
+    # _add_network_size_args: '--normalization' choices=['LayerNorm', 'RMSNorm'], '--norm-epsilon' (float,
+    #   default 1e-5), '--apply-layernorm-1p' ("LayerNorm weights ... centered around zero"), '--squared-relu',
+    #   '--swiglu', '--quick-geglu', '--activation-func-clamp-value', '--glu-linear-offset' (default gelu).
+    # _add_vision_args (sic): group.add_argument('--qk-layernorm', action='store_true', ...).
+    # _add_training_args: '--disable-bias-linear' (dest='add_bias_linear'), '--add-qkv-bias'.
+    # _add_regularization_args: '--attention-dropout' (default 0.1), '--hidden-dropout' (default 0.1).
+    out.append("--normalization " + ("RMSNorm" if model.normalization == "RMSNorm" else "LayerNorm"))
+    if model.normalization == "LayerNorm1p":
+        out.append("--apply-layernorm-1p")
+    out.append(f"--norm-epsilon {_num(model.norm_epsilon)}")
+    if model.qk_norm:
+        out.append("--qk-layernorm")
+    act = {"swiglu": "--swiglu", "squared_relu": "--squared-relu", "quick_geglu": "--quick-geglu", "gelu": None}
+    if model.activation in act:
+        out += [act[model.activation]] if act[model.activation] else []
+    else:
+        lost.append(f"activation {model.activation} (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and "
+                    f"GELU)")
+    if model.activation_clamp is not None:
+        out.append(f"--activation-func-clamp-value {_num(model.activation_clamp)}")
+    if model.glu_linear_offset:
+        out.append(f"--glu-linear-offset {_num(model.glu_linear_offset)}")
+    if not model.linear_bias:
+        out.append("--disable-bias-linear")
+        if model.qkv_bias:
+            out.append("--add-qkv-bias")
+    out += [f"--attention-dropout {_num(model.attention_dropout)}", f"--hidden-dropout {_num(model.hidden_dropout)}"]
 
     # -- multi-head latent attention -------------------------------------------------------------
     # arguments.py _add_mla_args: group.add_argument('--q-lora-rank', type=int, default=None, ...),
@@ -177,8 +238,13 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     #   '--moe-router-topk', '--moe-ffn-hidden-size',
     #   '--moe-shared-expert-intermediate-size' ("num_shared_experts * ffn_size_of_each_shared_expert"),
     #   '--moe-layer-freq' type=moe_freq_type ("([0]+[1]*23)": 1 dense layer followed by 23 experts layers),
-    #   '--moe-token-dispatcher-type' choices=['allgather', 'alltoall', 'flex'], '--moe-grouped-gemm'.
-    # validate_args: "Currently GroupedGEMM for MoE only supports bf16 dtype" (fp8/fp4 run with --bf16).
+    #   '--moe-token-dispatcher-type' choices=['allgather', 'alltoall', 'flex'],
+    #   '--moe-router-score-function' choices=['softmax', 'sigmoid'], '--moe-router-pre-softmax',
+    #   '--moe-router-enable-expert-bias', '--moe-router-topk-scaling-factor', '--moe-router-num-groups',
+    #   '--moe-router-group-topk'. megatron-core 0.16.1 moe_utils.topk_routing_with_score_function: softmax over
+    #   the top-k logits (renormalised) unless pre-softmax; sigmoid scores are always renormalised (top-k > 1);
+    #   the scaling factor multiplies the weights either way. TransformerConfig: "Please use
+    #   --moe-router-pre-softmax when topk is 1".
     if model.is_moe:
         out += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_topk}",
                 f"--moe-ffn-hidden-size {model.expert_ffn}"]
@@ -186,14 +252,81 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
             out.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
         if model.dense_layers:
             out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
+        out.append(f"--moe-router-score-function {model.moe_router_score}")
+        if model.moe_router_score == "softmax":
+            if not model.moe_router_norm_topk:
+                out.append("--moe-router-pre-softmax")
+            elif model.moe_topk == 1:
+                lost.append("top-1 routing weight renormalised to 1 (Megatron needs --moe-router-pre-softmax with "
+                            "top-1)")
+        elif not model.moe_router_norm_topk and model.moe_topk > 1:
+            lost.append("sigmoid routing weights without renormalisation (Megatron renormalises the top-k)")
+        if model.moe_router_expert_bias:
+            out.append("--moe-router-enable-expert-bias")
+        if model.moe_router_topk_scaling != 1.0:
+            out.append(f"--moe-router-topk-scaling-factor {_num(model.moe_router_topk_scaling)}")
+        if model.moe_router_groups is not None:
+            out += [f"--moe-router-num-groups {model.moe_router_groups}",
+                    f"--moe-router-group-topk {model.moe_router_group_topk}"]
         out.append("--moe-token-dispatcher-type alltoall")
-    # arguments.py _add_mtp_args: '--mtp-num-layers' ("Number of Multi-Token Prediction (MTP) Layers").
+    # arguments.py _add_network_size_args: '--mtp-num-layers' ("Number of Multi-Token Prediction (MTP) Layers").
     if model.mtp_layers:
         out.append(f"--mtp-num-layers {model.mtp_layers}")
-        if model.precision != "fp16":
+    return out, lost
+
+
+def _grouped_gemm_issue(model: ModelSpec, transformer_engine: bool) -> str | None:
+    # validate_args: "assert args.bf16, 'Currently GroupedGEMM for MoE only supports bf16 dtype.'" and
+    #   "assert dc[0] >= 8, 'Unsupported compute capability for GroupedGEMM kernels.'" (fp8/fp4 run with --bf16).
+    if model.precision in ("fp16", "fp32"):
+        return f"Megatron's grouped GEMM needs --bf16, the plan trains in {model.precision}"
+    if not transformer_engine:
+        return "Megatron's grouped GEMM needs compute capability 8.0"
+    return None
+
+
+def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,
+                  fp8_recipe: str = "tensorwise", transformer_engine: bool = True) -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan``.
+
+    One flag, or flag and value separated by one space, per item; items starting with ``#`` are
+    comments (settings without a verified flag, and notes; ``# not expressed: ...`` names every fact of the
+    model no flag states). ``layout`` is a ``--pipeline-model-parallel-layout`` string for uneven splits;
+    without it, a plan with explicit ``layers_per_stage`` gets a layout generated from them. ``fp8_recipe``
+    picks the Hopper FP8 scaling (delayed, tensorwise or blockwise) for ``precision='fp8'``.
+    ``transformer_engine=False`` (GPUs below compute capability 8.0, which Transformer Engine needs) writes
+    ``--transformer-impl local`` and no Transformer Engine-only option.
+    """
+    if fp8_recipe not in _FP8_RECIPES:
+        raise InputError(f"fp8_recipe={fp8_recipe!r}; valid: {', '.join(_FP8_RECIPES)}")
+    if not transformer_engine and model.precision in ("fp8", "mxfp8", "nvfp4"):
+        raise InputError(f"precision {model.precision} needs Transformer Engine, which needs compute capability "
+                         f"8.0 or newer; valid without it: bf16, fp16, fp32")
+    out, lost = architecture_flags(model, transformer_engine=transformer_engine)
+    notes: list[str] = []
+    if model.is_moe and model.linear_bias and plan.etp > 1:
+        # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
+        out.append("--disable-bias-linear")
+        lost.append(f"linear biases (Megatron has MoE biases only with expert-tensor-parallel-size 1, the plan has "
+                    f"etp={plan.etp})")
+    fsdp = plan.zero_stage >= 2
+    # arguments.py _add_transformer_engine_args: group.add_argument('--transformer-impl',
+    #   default='transformer_engine', choices=['local', 'transformer_engine'], ...).
+    if not transformer_engine:
+        out.append("--transformer-impl local")
+        notes.append("# Transformer Engine needs compute capability 8.0: megatron-core's local implementation, "
+                     "no --tp-comm-overlap")
+    # arguments.py _add_moe_args: '--moe-grouped-gemm' (the cost model prices, and the executor runs, grouped GEMMs).
+    if model.is_moe:
+        issue = _grouped_gemm_issue(model, transformer_engine)
+        if issue is None:
             out.append("--moe-grouped-gemm")
         else:
-            notes.append("# --moe-grouped-gemm left out: Megatron's grouped GEMM needs --bf16")
+            notes.append(f"# --moe-grouped-gemm left out: {issue} (the estimate prices grouped GEMMs)")
+    # arguments.py _add_tokenizer_args defines '--vocab-size' but the tokenizer normally sets the
+    # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
+    notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
+                 f"pass --vocab-size {model.vocab})")
 
     # -- parallelism ------------------------------------------------------------------------------
     # arguments.py _add_distributed_args:
@@ -241,7 +374,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     if plan.sequence_parallel and plan.tp > 1:
         out.append("--sequence-parallel")
     core = plan.framework == "megatron-core"
-    if core and plan.tp > 1 and plan.sequence_parallel:
+    if core and plan.tp > 1 and plan.sequence_parallel and transformer_engine:
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
         # parallelism is enabled".
         out.append("--tp-comm-overlap")
@@ -316,14 +449,25 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     #   group.add_argument('--fp4-format', default=None, choices=['e2m1'], ..., dest='fp4')
     #   group.add_argument('--fp4-recipe', default='nvfp4', choices=['nvfp4', 'custom'], ...)
     # (megatron-core 0.16.1 enums.Fp8Recipe / Fp4Recipe hold the same names.)
+    # arguments.py _add_mixed_precision_args: '--loss-scale' ("If None, dynamic loss scaling is used"),
+    #   '--initial-loss-scale' (default 2**32), '--min-loss-scale', '--loss-scale-window', '--hysteresis'.
+    # validate_args: params_dtype = torch.float unless --fp16 / --bf16: an fp32 plan writes neither.
     p = model.precision
-    out.append("--fp16" if p == "fp16" else "--bf16")
+    if p == "fp16":
+        out += ["--fp16", f"--initial-loss-scale {2 ** 32}"]
+        notes.append("# fp16: dynamic loss scaling (no --loss-scale), from 2^32 as Megatron does")
+    elif p == "fp32":
+        notes.append("# fp32: neither --bf16 nor --fp16 (parameters and GEMMs in fp32, as the estimate prices)")
+    else:
+        out.append("--bf16")
     if p == "fp8":
         out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
     elif p == "mxfp8":
         out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
     elif p == "nvfp4":
         out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+    if lost:
+        notes.insert(0, "# not expressed: " + "; ".join(lost))
 
     return out + notes
 
@@ -627,6 +771,17 @@ srun --kill-on-bad-exit=1 torchrun \\
 
 
 # Writing ----------------------------------------------------------------------------------------
+def transformer_engine_runs(cluster: ClusterSpec) -> bool:
+    """Whether every GPU of ``cluster`` runs Transformer Engine (compute capability 8.0, Ampere, and newer).
+
+    The profiles carry no compute capability; native bf16 tensor cores came with the same generation (8.0), so
+    a profile that ``supports('bf16')`` stands for it (V100, 7.0, emulates bf16)."""
+    from costmodel.profiles import load_profile
+
+    gpus = {g.gpu for g in cluster.device_groups} or {cluster.gpu}
+    return all(load_profile(g).supports("bf16") for g in sorted(gpus))
+
+
 def _jsonable(obj: Any) -> Any:
     if obj is None:
         return None
@@ -655,7 +810,7 @@ def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: Cluster
     if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
         raise InputError(f"{out}: directory is not writable")
 
-    args = megatron_args(model, plan, layout=layout)
+    args = megatron_args(model, plan, layout=layout, transformer_engine=transformer_engine_runs(cluster))
     data: dict[str, Any] = {"model": _jsonable(model), "cluster": _jsonable(cluster), "plan": _jsonable(plan),
                             "estimate": _jsonable(estimate)}
     if layout is not None:

@@ -76,8 +76,10 @@ CPU_MODELS = ("tiny-gpt", "tiny-moe", "small-gpt")
 PUBLISHED_TOTAL = {
     "7b": 6.74e9,
     "8b": 8.03e9,
+    "llama3.1-8b": 8.03e9,   # the Llama 3 8B shape (rope scaling only differs)
     "13b": 13.0e9,
     "70b": 70.6e9,
+    "llama3.1-70b": 70.6e9,
     "405b": 405e9,
     "gpt3-175b": 175e9,
     "mixtral-8x7b": 46.7e9,
@@ -270,28 +272,65 @@ def test_hf_gpt_neox(tmp_path):
 
 
 def test_hf_qwen3_moe_matches_catalog(tmp_path):
+    # HF Qwen/Qwen3-30B-A3B config.json, every key.
     p = _write(tmp_path, {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
-        "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
-        "vocab_size": 151936, "tie_word_embeddings": False,
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
     })
     m = from_hf_config(p, seq_len=4096)
     assert m.model_copy(update={"name": "qwen3-30b-a3b"}) == get_model("qwen3-30b-a3b")
+    assert m.qk_norm and m.norm_epsilon == 1e-6 and m.rotary_base == 1e6 and m.unexpressed == ()
 
 
 def test_hf_gpt_oss_experts_per_token(tmp_path):
+    # HF openai/gpt-oss-120b config.json, every key (quantization_config abridged: it describes the stored
+    # MXFP4 weights, not the model trained).
     p = _write(tmp_path, {
-        "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
-        "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "head_dim": 64, "num_local_experts": 128, "experts_per_token": 4,
-        "initial_context_length": 4096, "max_position_embeddings": 131072,
-        "vocab_size": 201088, "tie_word_embeddings": False, "hidden_act": "silu",
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+        "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 18, "max_position_embeddings": 131072,
+        "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 36,
+        "num_key_value_heads": 8, "num_local_experts": 128, "output_router_logits": False, "pad_token_id": 199999,
+        "quantization_config": {"quant_method": "mxfp4"}, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True,
+        "vocab_size": 201088,
     })
     m = from_hf_config(p, seq_len=4096)
     assert m.model_copy(update={"name": "gpt-oss-120b"}) == get_model("gpt-oss-120b")
+    assert (m.activation, m.activation_clamp, m.glu_linear_offset, m.linear_bias) == ("quick_geglu", 7.0, 1.0, True)
+
+
+def test_hf_unknown_family_and_keys_are_named(tmp_path):
+    # A family the planner does not know, and an architectural key it has no mapping for, end up in
+    # unexpressed (which megatron_args.txt prints): never silently dropped.
+    p = _write(tmp_path, {
+        "model_type": "new_family", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "max_position_embeddings": 2048, "vocab_size": 32000, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "attn_logit_softcapping": 50.0,
+    })
+    m = from_hf_config(p)
+    assert m.unexpressed == ("model_type 'new_family': an architecture the planner does not know (known: "
+                             "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
+                             "gpt_oss, gpt2, gpt_neox, nemotron)",
+                             "config key 'attn_logit_softcapping'=50.0 (no mapping)")
+    # A Llama whose keys are absent takes transformers' LlamaConfig defaults (rms_norm_eps 1e-6, rope_theta 1e4).
+    p = _write(tmp_path, {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096,
+                          "num_hidden_layers": 4, "num_attention_heads": 8, "max_position_embeddings": 2048,
+                          "vocab_size": 32000, "sliding_window": 1024})
+    m = from_hf_config(p)
+    assert (m.norm_epsilon, m.rotary_base) == (1e-6, 10000.0)
+    assert m.unexpressed == ("sliding-window attention of 1024 tokens",)
 
 
 def test_hf_qwen2_moe_shared_expert_width(tmp_path):

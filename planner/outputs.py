@@ -33,6 +33,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
 
 __all__ = [
     "OUTPUT_FILES",
+    "check_layout",
     "launch_script",
     "layout_from_layers_per_stage",
     "megatron_args",
@@ -95,7 +96,14 @@ def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], 
 
 # Flags ----------------------------------------------------------------------------------------
 def _check_layout(model: ModelSpec, plan: ParallelPlan, layout: str) -> None:
-    vpp, per_rank = parse_layout(layout, plan.pp)
+    check_layout(model, plan.pp, plan.vpp, layout, plan.layers_per_stage)
+
+
+def check_layout(model: ModelSpec, pp: int, vpp_want: int, layout: str,
+                 layers_per_stage: tuple[int, ...] | None = None) -> None:
+    """Raise InputError (one line) unless ``layout`` places ``model``'s layers (and MTP layers) on ``pp`` ranks
+    with ``vpp_want`` virtual stages each (and, if given, ``layers_per_stage`` layers per rank)."""
+    vpp, per_rank = parse_layout(layout, pp)
     n_mtp = "".join(_unroll_layout(layout)).count("m")
     if n_mtp != model.mtp_layers:
         raise InputError(f"pipeline layout {layout!r} places {n_mtp} MTP layers ('m') but {model.name} has "
@@ -106,12 +114,12 @@ def _check_layout(model: ModelSpec, plan: ParallelPlan, layout: str) -> None:
     if sum(per_rank) != model.layers:
         raise InputError(f"pipeline layout {layout!r} places {sum(per_rank)} decoder layers ('t') but "
                          f"{model.name} has layers={model.layers}")
-    if vpp != plan.vpp:
-        raise InputError(f"pipeline layout {layout!r} has {len(_unroll_layout(layout))} stages = pp={plan.pp} x "
-                         f"vpp={vpp}, but the plan has vpp={plan.vpp}")
-    if plan.layers_per_stage is not None and tuple(plan.layers_per_stage) != per_rank:
+    if vpp != vpp_want:
+        raise InputError(f"pipeline layout {layout!r} has {len(_unroll_layout(layout))} stages = pp={pp} x "
+                         f"vpp={vpp}, but the plan has vpp={vpp_want}")
+    if layers_per_stage is not None and tuple(layers_per_stage) != per_rank:
         raise InputError(f"pipeline layout {layout!r} puts {list(per_rank)} layers on the pipeline ranks but the "
-                         f"plan has layers_per_stage={list(plan.layers_per_stage)}")
+                         f"plan has layers_per_stage={list(layers_per_stage)}")
 
 
 def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,

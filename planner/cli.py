@@ -728,15 +728,17 @@ def cmd_profile(argv: list[str]) -> int:
     ap.add_argument("--import-nccl-tests", nargs="+", metavar="LOG", help="nccl-tests output to take the busbw curves from")
     ap.add_argument("--into", metavar="P.yaml", help="add the imported curves to this existing profile")
     ap.add_argument("--base", metavar="PROFILE", help="with --import-nccl-tests --out: copy this profile's other numbers "
-                                                     "instead of measuring them")
+                                                     "instead of measuring them; without logs: measure GEMMs and "
+                                                     "memory here and take the collective curves from it (one rank, "
+                                                     "e.g. --world-size 1 on a one-GPU machine)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     if bool(args.out) == bool(args.into):
         raise InputError("plan profile needs exactly one of --out NEW.yaml or --into EXISTING.yaml")
-    if (args.into or args.base) and not args.import_nccl_tests:
-        raise InputError(f"{'--into' if args.into else '--base'} takes its curves from --import-nccl-tests LOG...")
-    if args.cluster_out and (args.into or args.base):
-        raise InputError("--cluster-out goes with a measurement (--out without --into/--base)")
+    if args.into and not args.import_nccl_tests:
+        raise InputError("--into takes its curves from --import-nccl-tests LOG...")
+    if args.cluster_out and (args.into or (args.base and args.import_nccl_tests)):
+        raise InputError("--cluster-out goes with a measurement (--out without --into, or --base without logs)")
     import shlex
 
     from executor import profile_build as pb
@@ -747,16 +749,18 @@ def cmd_profile(argv: list[str]) -> int:
     command = "plan profile " + shlex.join(argv)
     if args.into:
         result = pb.import_into(Path(args.into), args.import_nccl_tests, command)
-    elif args.base:
+    elif args.base and args.import_nccl_tests:
         result = pb.import_with_base(Path(args.out), args.base, args.import_nccl_tests, args.name or Path(args.out).stem,
                                      command)
     else:
+        if args.base:
+            pb.base_collectives(args.base)   # an unknown base fails here, before the progress bar
         cfg = default_config(args.world_size, args.quick, args.backend, args.threads,
-                             collectives=not args.import_nccl_tests, timeout_s=args.timeout)
+                             collectives=not (args.import_nccl_tests or args.base), timeout_s=args.timeout)
         try:
             result = _with_steps(lambda progress: pb.measure_profile(
                 Path(args.out), Path(args.cluster_out) if args.cluster_out else None, cfg,
-                args.name or Path(args.out).stem, command, args.import_nccl_tests, progress),
+                args.name or Path(args.out).stem, command, args.import_nccl_tests, progress, base=args.base),
                 cfg.steps, f"starting {cfg.world_size} {cfg.backend} workers", args.json)
         except ProfileError as exc:
             print(f"plan profile: error: {exc}", file=sys.stderr)

@@ -573,16 +573,23 @@ MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:-.}}"
 
 {_args_block(args)}
 
-exec torchrun \\
+{_torchrun_exec(entry, _ALL_ARGS)}
+"""
+
+
+_ALL_ARGS = '"${MEGATRON_ARGS[@]}" \\\n    "$@"'
+
+
+def _torchrun_exec(entry: str, args_expr: str) -> str:
+    """``exec torchrun`` with an explicit node rank and torchrun's default static rendezvous on MASTER_ADDR."""
+    return f"""exec torchrun \\
     --nnodes "$NNODES" \\
     --nproc_per_node "$GPUS_PER_NODE" \\
     --node_rank "$NODE_RANK" \\
     --master_addr "$MASTER_ADDR" \\
     --master_port "$MASTER_PORT" \\
     {_entry(entry)} \\
-    "${{MEGATRON_ARGS[@]}}" \\
-    "$@"
-"""
+    {args_expr}"""
 
 
 def sbatch_script(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, args: list[str], *,
@@ -767,14 +774,7 @@ MASTER_PORT="${{MASTER_PORT:-29500}}"
 echo "{prog}: host $THIS_HOST is node rank $NODE_RANK of $NNODES (group ${{GROUP_NAMES[$GROUP]}}, ${{#GPU_NAMES[@]}} x ${{GPU_NAMES[0]}}); master $MASTER_ADDR:$MASTER_PORT" >&2
 
 # Static rendezvous (torchrun's default without --rdzv-backend): the node rank is the one bound above.
-exec torchrun \\
-    --nnodes "$NNODES" \\
-    --nproc_per_node "$GPUS_PER_NODE" \\
-    --node_rank "$NODE_RANK" \\
-    --master_addr "$MASTER_ADDR" \\
-    --master_port "$MASTER_PORT" \\
-    {_entry(entry)} \\
-    {args_expr}"""
+{_torchrun_exec(entry, args_expr)}"""
 
 
 def _hetero_launch_script(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, args: list[str], *,
@@ -794,7 +794,7 @@ MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:-.}}"
 
 {_args_block(args)}
 
-{_node_step("launch.sh", cluster, plan, entry, '"${MEGATRON_ARGS[@]}" "$@"')}
+{_node_step("launch.sh", cluster, plan, entry, _ALL_ARGS)}
 """
 
 

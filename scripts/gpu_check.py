@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--gpu", type=int, default=0, help="which visible GPU to use (default 0)")
     ap.add_argument("--base", default=None, help="profile whose collective curves the one-rank profile takes "
                                                  "(default: the shipped profile of this GPU, else H100)")
-    ap.add_argument("--timeout", type=float, default=420.0, help="seconds allowed for the training run (default 420)")
+    ap.add_argument("--timeout", type=float, default=360.0, help="seconds allowed for the training run (default 360)")
     args = ap.parse_args(argv)
     defaults = DRY_DEFAULTS if args.dry_run else GPU_DEFAULTS
     args.steps = args.steps or defaults["steps"]
@@ -103,11 +103,18 @@ def environment(args: argparse.Namespace) -> dict:
     props = torch.cuda.get_device_properties(args.gpu)
     env.update(device="cuda", backend="nccl", gpu_name=torch.cuda.get_device_name(args.gpu),
                compute_capability=f"{props.major}.{props.minor}", gpu_memory_bytes=int(props.total_memory),
-               cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
+               cuda=torch.version.cuda, nccl=_nccl_version(),
                bf16_supported=bool(torch.cuda.is_bf16_supported()))
     if not env["bf16_supported"]:
         fail(f"{env['gpu_name']} (compute capability {env['compute_capability']}) has no bf16; the check trains bf16")
     return env
+
+
+def _nccl_version() -> str:
+    import torch
+
+    v = torch.cuda.nccl.version()   # a tuple (2, 21, 5) in current torch, an int 22105 in old ones
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def base_profile(args: argparse.Namespace, env: dict) -> str:

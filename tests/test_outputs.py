@@ -310,6 +310,14 @@ def test_scripts_pass_bash_syntax_check(case, cluster, tmp_path):
         assert res.returncode == 0, f"{fname}: {res.stderr}"
 
 
+def _write_bin(bin_dir: Path, scripts: dict[str, str]) -> Path:
+    for n, body in scripts.items():
+        p = bin_dir / n
+        p.write_text(body)
+        p.chmod(0o755)
+    return bin_dir
+
+
 def _fake_bin(tmp_path: Path) -> Path:
     """torchrun that records its argv, srun that runs its command, scontrol that lists 5000 hosts (enough
     output that a reader stopping after the first line would SIGPIPE it)."""
@@ -321,11 +329,7 @@ def _fake_bin(tmp_path: Path) -> Path:
         "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
         "scontrol": '#!/usr/bin/env bash\nfor i in $(seq 1 5000); do echo "node-$i"; done\n',
     }
-    for n, body in scripts.items():
-        p = bin_dir / n
-        p.write_text(body)
-        p.chmod(0o755)
-    return bin_dir
+    return _write_bin(bin_dir, scripts)
 
 
 @needs_bash
@@ -509,11 +513,7 @@ def _fake_cluster_bin(tmp_path: Path) -> Path:
                 'while [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
         "scontrol": '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] || exit 9\ntr , "\\n" <<< "$3"\n',
     }
-    for n, body in scripts.items():
-        p = bin_dir / n
-        p.write_text(body)
-        p.chmod(0o755)
-    return bin_dir
+    return _write_bin(bin_dir, scripts)
 
 
 A100_SMI = "NVIDIA A100-SXM4-80GB"

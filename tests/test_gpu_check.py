@@ -80,3 +80,16 @@ def test_profile_base_errors_are_one_line(tmp_path, capsys):
     # one rank measures no collectives: without --base (or logs) the profile has no curves to give
     assert main(["profile", "--out", str(tmp_path / "p.yaml"), "--world-size", "1"]) == 2
     assert "at least 2 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not installed")
+def test_gpu_check_without_a_gpu_refuses(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the real check would run")
+    env = {**os.environ, "OUT": str(tmp_path / "o"), "PYTHON": sys.executable}
+    res = subprocess.run([BASH, str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert res.returncode == 2 and "no CUDA GPU visible to torch; run with --dry-run" in res.stderr
+    assert not (tmp_path / "o" / "profile").exists()

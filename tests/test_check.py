@@ -371,3 +371,13 @@ def test_check_bad_split_is_one_line_exit_2(capsys, extra, message):
     assert main([*LLAMA3_405B, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_check_layout_with_empty_edge_stages(capsys):
+    # Megatron lets the first stage hold only the embedding and the last only the loss: both are priced, and the
+    # idle edge stages are diagnosed
+    out = _check_json(capsys, "--pipeline-layout", "E|(t*9|)*14,L")
+    assert tuple(out["plan"]["layers_per_stage"]) == (0,) + (9,) * 14 + (0,)
+    stage_s = out["estimate"]["stage_time_s"]
+    assert stage_s[0] < 0.05 * stage_s[1] and stage_s[-1] < 0.1 * stage_s[1]
+    assert "stage_imbalance" in [f["kind"] for f in out["findings"]]

@@ -336,7 +336,8 @@ def _check_split_args(args, model) -> tuple[int, tuple[int, ...] | None, str | N
     bad = [i for i, x in enumerate(lps) if x < 1]
     if bad:
         raise InputError(f"--layers-per-stage {text!r}: stage(s) {', '.join(map(str, bad))} hold {min(lps)} layers; "
-                         f"every stage needs at least 1 ({need})")
+                         f"every stage needs at least 1 ({need}; an embedding- or loss-only edge stage is a "
+                         f"--pipeline-layout 'E|...|L')")
     return args.vpp, lps, None
 
 

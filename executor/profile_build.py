@@ -217,6 +217,22 @@ def profile_from_base(base_name: str, imported: Imported, name: str) -> dict:
     return merge_imported(base, imported, name)
 
 
+def base_collectives(base_name: str) -> Imported:
+    """The collective curves and latencies of a known profile, for a measurement that has none (one rank, as on a
+    one-GPU machine): they are never used by a one-rank plan, and the profile says where they came from."""
+    base = load_profile(base_name)
+    data = base.model_dump(mode="json", exclude_defaults=True)
+    curves = data.get("curves") or []
+    if not curves:
+        raise InputError(f"--base {base_name}: profile {base.name} has no collective curves to take")
+    used = sorted({c["source"] for c in curves})
+    sources = {sid: f"via base profile {base.name}: {base.sources[sid]}" for sid in used}
+    latency = dict(base.collective_latency_by_op_s) or {"all_reduce": base.collective_latency_s}
+    return Imported(curves=curves, sources=sources, latency_by_op_s=latency,
+                    notes=[f"no collective was measured (one rank); curves and latencies are profile "
+                           f"{base.name}'s"])
+
+
 def cluster_data(profile: dict, profile_path: Path, cluster_path: Path) -> dict:
     """One node whose GPUs are the measured ranks; the profile referred to relative to the cluster file."""
     ws = profile["nvlink_domain_gpus"]
@@ -329,15 +345,17 @@ def default_cluster_path(out: Path) -> Path:
 
 
 def measure_profile(out: Path, cluster_out: Path | None, cfg, name: str, command: str,
-                    logs: list[str] | None = None, progress=None) -> dict:
+                    logs: list[str] | None = None, progress=None, base: str | None = None) -> dict:
     """Measure this machine and write the profile and its one-node cluster. Returns the raw results and
-    the written data (for the summary)."""
+    the written data (for the summary). Collective curves come from the measurement, from nccl-tests ``logs``,
+    or (``base``, a profile name) from a known profile when none are measured."""
     from executor.profile import measure
 
     _check_out(out)
     cluster_out = cluster_out or default_cluster_path(out)
     _check_out(cluster_out)
-    imported = import_logs(logs, today()) if logs else None  # bad logs fail before the measurement
+    # bad logs or an unknown base fail before the measurement
+    imported = import_logs(logs, today()) if logs else (base_collectives(base) if base else None)
     res = measure(cfg, progress)
     prof = measured_profile(res, name, command, imported)
     cluster = cluster_data(prof, out, cluster_out)

@@ -231,6 +231,13 @@ def cmd_check(argv: list[str]) -> int:
                     help="data-parallel sharding: 1 distributed optimizer (default), 2/3 Megatron-FSDP optim_grads / "
                          "optim_grads_params (3 = FSDP, pp 1), 0 none (= --no-distributed-optimizer)")
     ap.add_argument("--group", help="with a cluster of device groups: check the layout on this group alone")
+    split = ap.add_mutually_exclusive_group()
+    split.add_argument("--layers-per-stage", metavar="N,N,...",
+                       help="decoder layers on each pipeline rank, e.g. 7,8,...,8,7 (pp counts summing to the "
+                            "model's layers; for a pp that does not divide them)")
+    split.add_argument("--pipeline-layout", metavar="LAYOUT",
+                       help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*3|(tt|)*29,m|L' "
+                            "(pp x vpp stages; vpp follows from it)")
     _routing_args(ap, placement_default="contiguous")
     args = ap.parse_args(argv)
     from costmodel.estimate import estimate
@@ -249,11 +256,16 @@ def cmd_check(argv: list[str]) -> int:
         raise InputError(f"--no-distributed-optimizer with --zero-stage {zero}: ZeRO stages 1-3 shard the optimizer "
                          f"states (Megatron's distributed optimizer); valid: --zero-stage 0, or drop "
                          f"--no-distributed-optimizer")
-    plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=args.vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
+    vpp, lps, layout = _check_split_args(args, model)
+    plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
                         sequence_parallel=not args.no_sequence_parallel, micro_batch=args.micro_batch,
                         global_batch=gbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
-                        distributed_optimizer=zero >= 1, zero_stage=zero)
+                        distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps)
     check_plan(model, plan, cluster.num_gpus)
+    if lps is not None and layout is None:
+        from planner.outputs import layout_from_layers_per_stage
+
+        layout = layout_from_layers_per_stage(lps, vpp, model.mtp_layers)
     placement = None if args.placement == "best" else args.placement
     load = routing.load(plan.ep, placement) if routing is not None else None
     if load is not None:
@@ -271,6 +283,8 @@ def cmd_check(argv: list[str]) -> int:
     if args.json:
         out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
                "findings": [f.model_dump() for f in findings]}
+        if layout is not None:
+            out["pipeline_layout"] = layout
         if load is not None:
             out["routing"] = {**routing.summary(), "load": load.summary()}
         print(json.dumps(out, indent=1))
@@ -279,6 +293,9 @@ def cmd_check(argv: list[str]) -> int:
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
                                   f"{zero_label(plan.zero_stage)}"))
+    if lps is not None:
+        con.print(f"layers per pipeline rank: {','.join(str(x) for x in lps)}; Megatron layout: {layout}",
+                  markup=False, highlight=False)
     for name, info in links.items():
         con.print(f"{name} group {info['ranks']}: crosses {', '.join(info['links'])} (up to {info['max_hops']} hops)")
     for f, line in zip(findings, format_findings(findings)):
@@ -287,6 +304,41 @@ def cmd_check(argv: list[str]) -> int:
     if not findings:
         con.print("no findings: every checked figure is in its healthy range")
     return 0
+
+
+def _check_split_args(args, model) -> tuple[int, tuple[int, ...] | None, str | None]:
+    """(vpp, layers per pipeline rank or None, layout string or None) of plan check's --layers-per-stage /
+    --pipeline-layout; a list or layout that does not fit --pp and the model is a one-line error."""
+    pp = args.pp
+    if args.pipeline_layout is not None:
+        from planner.outputs import check_layout, parse_layout
+
+        layout = args.pipeline_layout.strip()
+        vpp, per_rank = parse_layout(layout, pp)
+        if args.vpp not in (1, vpp):
+            raise InputError(f"--pipeline-layout {layout!r} has {vpp * pp} stages = pp {pp} x vpp {vpp}, but --vpp "
+                             f"is {args.vpp}; drop --vpp (the layout sets it)")
+        check_layout(model, pp, vpp, layout)
+        return vpp, per_rank, layout
+    if args.layers_per_stage is None:
+        return args.vpp, None, None
+    text = args.layers_per_stage
+    need = f"give {pp} comma-separated counts (one per pipeline rank, --pp {pp}) summing to {model.layers}"
+    try:
+        lps = tuple(int(x) for x in text.replace(" ", "").split(","))
+    except ValueError:
+        raise InputError(f"--layers-per-stage {text!r} is not a list of integers; {need}") from None
+    if len(lps) != pp:
+        raise InputError(f"--layers-per-stage {text!r} has {len(lps)} counts but --pp is {pp}; {need}")
+    if sum(lps) != model.layers:
+        raise InputError(f"--layers-per-stage {text!r} sums to {sum(lps)} but {model.name} has {model.layers} "
+                         f"layers; {need}")
+    bad = [i for i, x in enumerate(lps) if x < 1]
+    if bad:
+        raise InputError(f"--layers-per-stage {text!r}: stage(s) {', '.join(map(str, bad))} hold {min(lps)} layers; "
+                         f"every stage needs at least 1 ({need}; an embedding- or loss-only edge stage is a "
+                         f"--pipeline-layout 'E|...|L')")
+    return args.vpp, lps, None
 
 
 def _routing_args(ap: argparse.ArgumentParser, placement_default: str) -> None:
@@ -669,15 +721,17 @@ def cmd_profile(argv: list[str]) -> int:
     ap.add_argument("--import-nccl-tests", nargs="+", metavar="LOG", help="nccl-tests output to take the busbw curves from")
     ap.add_argument("--into", metavar="P.yaml", help="add the imported curves to this existing profile")
     ap.add_argument("--base", metavar="PROFILE", help="with --import-nccl-tests --out: copy this profile's other numbers "
-                                                     "instead of measuring them")
+                                                     "instead of measuring them; without logs: measure GEMMs and "
+                                                     "memory here and take the collective curves from it (one rank, "
+                                                     "e.g. --world-size 1 on a one-GPU machine)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     if bool(args.out) == bool(args.into):
         raise InputError("plan profile needs exactly one of --out NEW.yaml or --into EXISTING.yaml")
-    if (args.into or args.base) and not args.import_nccl_tests:
-        raise InputError(f"{'--into' if args.into else '--base'} takes its curves from --import-nccl-tests LOG...")
-    if args.cluster_out and (args.into or args.base):
-        raise InputError("--cluster-out goes with a measurement (--out without --into/--base)")
+    if args.into and not args.import_nccl_tests:
+        raise InputError("--into takes its curves from --import-nccl-tests LOG...")
+    if args.cluster_out and (args.into or (args.base and args.import_nccl_tests)):
+        raise InputError("--cluster-out goes with a measurement (--out without --into, or --base without logs)")
     import shlex
 
     from executor import profile_build as pb
@@ -688,16 +742,18 @@ def cmd_profile(argv: list[str]) -> int:
     command = "plan profile " + shlex.join(argv)
     if args.into:
         result = pb.import_into(Path(args.into), args.import_nccl_tests, command)
-    elif args.base:
+    elif args.base and args.import_nccl_tests:
         result = pb.import_with_base(Path(args.out), args.base, args.import_nccl_tests, args.name or Path(args.out).stem,
                                      command)
     else:
+        if args.base:
+            pb.base_collectives(args.base)   # an unknown base fails here, before the progress bar
         cfg = default_config(args.world_size, args.quick, args.backend, args.threads,
-                             collectives=not args.import_nccl_tests, timeout_s=args.timeout)
+                             collectives=not (args.import_nccl_tests or args.base), timeout_s=args.timeout)
         try:
             result = _with_steps(lambda progress: pb.measure_profile(
                 Path(args.out), Path(args.cluster_out) if args.cluster_out else None, cfg,
-                args.name or Path(args.out).stem, command, args.import_nccl_tests, progress),
+                args.name or Path(args.out).stem, command, args.import_nccl_tests, progress, base=args.base),
                 cfg.steps, f"starting {cfg.world_size} {cfg.backend} workers", args.json)
         except ProfileError as exc:
             print(f"plan profile: error: {exc}", file=sys.stderr)

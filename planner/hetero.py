@@ -461,6 +461,9 @@ def write_hetero_outputs(out_dir: str, model: ModelSpec, cluster: ClusterSpec, s
                                           "gpus_per_node": order[0].gpus_per_node, "device_groups": tuple(order)})
     info = plan_dict(s)
     info["node_order"] = [f"{g.name}: {g.nodes} nodes x {g.gpus_per_node} {g.gpu}" for g in order]
-    info["note"] = ("NODE_RANK must follow node_order (the first group's nodes hold pipeline stage 0). The layout "
-                    "string in megatron_args.txt gives each stage its layers.")
+    info["note"] = ("Node ranks follow node_order (the first group's nodes hold pipeline stage 0): launch.sh takes "
+                    "each group's hosts in HOSTS_<GROUP> and gives every node its --node-rank, launch.sbatch is a "
+                    "Slurm heterogeneous job with one component per group; both check each group's node count and "
+                    "GPU type on start and refuse (exit 2) when they differ from the plan. The layout string in "
+                    "megatron_args.txt gives each stage its layers.")
     return write_outputs(out_dir, model, view, plan, None, extra={"heterogeneous": info, **(extra or {})})

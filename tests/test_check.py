@@ -303,3 +303,81 @@ def test_one_f_one_b_timeline_matches_closed_form():
         tl = one_f_one_b_timeline([1.0] * p, [2.0] * p, m)
         assert max(op[3] for ops in tl for op in ops) == (m + p - 1) * 3.0
         assert all(len(ops) == 2 * m for ops in tl)
+
+
+# plan check with an explicit split / Megatron layout -----------------------------------------------------------
+LLAMA3_405B = ["check", "--model", "405b", "--cluster", "h100x16384", "--tp", "8", "--pp", "16", "--micro-batch", "1",
+               "--global-batch", "2048", "--seq-len", "8192"]
+LLAMA3_SPLIT = (7,) + (8,) * 14 + (7,)
+
+
+def _check_json(capsys, *extra: str) -> dict:
+    import json
+
+    from planner.cli import main
+
+    assert main([*LLAMA3_405B, *extra, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_check_takes_the_published_405b_layout(capsys):
+    """Llama 3 405B at tp8 pp16 (126 layers, lighter edge stages): 16 does not divide 126, yet it is predicted and
+    diagnosed, with the split the cost model prices and the layout Megatron would be given."""
+    from planner.cli import main
+
+    out = _check_json(capsys, "--layers-per-stage", ",".join(map(str, LLAMA3_SPLIT)))
+    assert tuple(out["plan"]["layers_per_stage"]) == LLAMA3_SPLIT and out["plan"]["dp"] == 128
+    assert out["pipeline_layout"] == "Et*7|(t*8|)*14,t*7L"
+    model, cluster = get_model("405b").model_copy(update={"seq_len": 8192}), load_cluster("h100x16384")
+    plan = ParallelPlan(**out["plan"])
+    ref = estimate(model, cluster, plan)
+    assert out["estimate"]["step_time_s"] == pytest.approx(ref.step_time_s, rel=1e-12)
+    stage_s = out["estimate"]["stage_time_s"]
+    assert stage_s[0] < stage_s[1] and stage_s[-1] < stage_s[1]   # 7-layer edge stages are lighter
+    # 16 micro-batches over 16 stages: the bubble dominates, and diagnose says so
+    assert "bubble" in [f["kind"] for f in out["findings"]]
+    # the same split given as Megatron's layout string is the same plan and estimate
+    same = _check_json(capsys, "--pipeline-layout", out["pipeline_layout"])
+    assert same["plan"] == out["plan"] and same["estimate"]["step_time_s"] == out["estimate"]["step_time_s"]
+    # text output names the split and layout
+    assert main([*LLAMA3_405B, "--layers-per-stage", ",".join(map(str, LLAMA3_SPLIT))]) == 0
+    text = capsys.readouterr().out
+    assert "Megatron layout: Et*7|(t*8|)*14,t*7L" in text and "bubble" in text
+
+
+def test_check_interleaved_layout_sets_vpp(capsys):
+    # 32 virtual stages over pp 16: vpp 2, ranks 0 and 15 with 3 + 4 layers, the rest 4 + 4
+    out = _check_json(capsys, "--pipeline-layout", "Et*3|(t*4|)*30,t*3L")
+    assert out["plan"]["vpp"] == 2
+    assert tuple(out["plan"]["layers_per_stage"]) == (7,) + (8,) * 14 + (7,)
+    flat = _check_json(capsys, "--layers-per-stage", ",".join(map(str, LLAMA3_SPLIT)))
+    assert out["estimate"]["breakdown_s"]["bubble"] < 0.6 * flat["estimate"]["breakdown_s"]["bubble"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--layers-per-stage", "7" + ",8" * 14], "has 15 counts but --pp is 16; give 16 comma-separated counts"),
+    (["--layers-per-stage", "8" + ",8" * 15], "sums to 128 but 405b has 126 layers; give 16"),
+    (["--layers-per-stage", "0,8,8,8,8,8,8,8,8,8,8,8,8,8,8,14"], "stage(s) 0 hold 0 layers"),
+    (["--layers-per-stage", "7,8,x"], "is not a list of integers"),
+    (["--pipeline-layout", "Et*3|(t*8|)*14,t*3L"], "places 118 decoder layers"),
+    (["--pipeline-layout", "Et*7|(t*8|)*13,t*7L"], "not a multiple of pp=16"),
+    (["--pipeline-layout", "Et*7|(t*8|)*14,t*7L", "--vpp", "2"], "drop --vpp"),
+    (["--pipeline-layout", "Et*7|(t*8|)*14,t*7mL"], "MTP layers"),
+    (["--pipeline-layout", "Et*7|(t*8|)*14,t*7X"], "unknown layer characters"),
+])
+def test_check_bad_split_is_one_line_exit_2(capsys, extra, message):
+    from planner.cli import main
+
+    assert main([*LLAMA3_405B, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_check_layout_with_empty_edge_stages(capsys):
+    # Megatron lets the first stage hold only the embedding and the last only the loss: both are priced, and the
+    # idle edge stages are diagnosed
+    out = _check_json(capsys, "--pipeline-layout", "E|(t*9|)*14,L")
+    assert tuple(out["plan"]["layers_per_stage"]) == (0,) + (9,) * 14 + (0,)
+    stage_s = out["estimate"]["stage_time_s"]
+    assert stage_s[0] < 0.05 * stage_s[1] and stage_s[-1] < 0.1 * stage_s[1]
+    assert "stage_imbalance" in [f["kind"] for f in out["findings"]]

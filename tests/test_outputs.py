@@ -310,6 +310,14 @@ def test_scripts_pass_bash_syntax_check(case, cluster, tmp_path):
         assert res.returncode == 0, f"{fname}: {res.stderr}"
 
 
+def _write_bin(bin_dir: Path, scripts: dict[str, str]) -> Path:
+    for n, body in scripts.items():
+        p = bin_dir / n
+        p.write_text(body)
+        p.chmod(0o755)
+    return bin_dir
+
+
 def _fake_bin(tmp_path: Path) -> Path:
     """torchrun that records its argv, srun that runs its command, scontrol that lists 5000 hosts (enough
     output that a reader stopping after the first line would SIGPIPE it)."""
@@ -321,11 +329,7 @@ def _fake_bin(tmp_path: Path) -> Path:
         "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
         "scontrol": '#!/usr/bin/env bash\nfor i in $(seq 1 5000); do echo "node-$i"; done\n',
     }
-    for n, body in scripts.items():
-        p = bin_dir / n
-        p.write_text(body)
-        p.chmod(0o755)
-    return bin_dir
+    return _write_bin(bin_dir, scripts)
 
 
 @needs_bash
@@ -476,3 +480,138 @@ def test_write_outputs_failure_midway_leaves_nothing(cluster, chosen, tmp_path, 
     assert (existing / "plan.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
     assert sorted(p.name for p in existing.iterdir()) == ["plan.json"]
+
+
+# Heterogeneous launch: node ranks bound to device groups --------------------------------------------------------
+def _mixed_outputs(tmp_path: Path) -> tuple[Path, list[str]]:
+    """launch.sh / launch.sbatch of a 13B plan on the shipped mixed cluster: pipeline rank 0 (22 layers) on the
+    2 A100 nodes, ranks 1-2 (9 layers each) on the 4 V100 nodes, tp2 dp8."""
+    from costmodel.hetero import HeteroPlan, estimate_hetero
+    from planner.hetero import Scored, write_hetero_outputs
+
+    mixed = load_cluster("a100-v100-mixed")
+    model = get_model("13b", precision="fp16")
+    hp = HeteroPlan(stage_groups=("a100", "v100", "v100"), stage_tp=(2,) * 3, stage_dp=(8,) * 3,
+                    layers_per_stage=(22, 9, 9), micro_batch_sequences=8, global_batch=768, recompute="selective")
+    est = estimate_hetero(model, mixed, [hp])[0]
+    out = tmp_path / "out"
+    write_hetero_outputs(str(out), model, mixed, Scored(hp, est, "mixed"))
+    args = (out / "megatron_args.txt").read_text().splitlines()
+    return out, [tok for a in flags(args) for tok in a.split(" ", 1)]
+
+
+def _fake_cluster_bin(tmp_path: Path) -> Path:
+    """nvidia-smi printing $FAKE_GPU_COUNT x $FAKE_GPU, torchrun recording its argv, srun running its command,
+    scontrol expanding a comma-separated node list."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    scripts = {
+        "nvidia-smi": '#!/usr/bin/env bash\n[[ "$*" == "--query-gpu=name --format=csv,noheader" ]] || exit 9\n'
+                      'for i in $(seq 1 "${FAKE_GPU_COUNT:-8}"); do echo "$FAKE_GPU"; done\n',
+        "torchrun": '#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$ARGV_OUT"\n',
+        "srun": '#!/usr/bin/env bash\nfor a in "$@"; do [[ "$a" == --* ]] || break; echo "$a"; done > "$SRUN_OUT"\n'
+                'while [[ "$1" == --* ]]; do shift; done\nexec "$@"\n',
+        "scontrol": '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] || exit 9\ntr , "\\n" <<< "$3"\n',
+    }
+    return _write_bin(bin_dir, scripts)
+
+
+A100_SMI = "NVIDIA A100-SXM4-80GB"
+V100_SMI = "Tesla V100-SXM2-32GB"
+
+
+@needs_bash
+def test_mixed_launch_binds_node_ranks_to_groups(tmp_path):
+    out, expected = _mixed_outputs(tmp_path)
+    sh = (out / "launch.sh").read_text()
+    assert "node ranks 0-1: group a100" in sh and "node ranks 2-5: group v100" in sh and "--rdzv_backend" not in sh
+    argv = tmp_path / "argv.txt"
+    base = {"PATH": f"{_fake_cluster_bin(tmp_path)}:{os.environ.get('PATH', '')}", "ARGV_OUT": str(argv),
+            "HOME": str(tmp_path), "MEGATRON_LM_DIR": "/opt/megatron",
+            "HOSTS_A100": "gpu-a1 gpu-a2", "HOSTS_V100": "gpu-v1,gpu-v2,gpu-v3,gpu-v4"}
+
+    def run(host: str, gpu: str, **env) -> subprocess.CompletedProcess:
+        argv.unlink(missing_ok=True)
+        return subprocess.run([BASH, str(out / "launch.sh"), "--mock-data"], capture_output=True, text=True,
+                              env={**base, "NODE_HOST": host, "FAKE_GPU": gpu, **env})
+
+    # the right hosts start with their rank in the lists, static rendezvous on the first A100 host
+    for host, gpu, rank in (("gpu-a1", A100_SMI, 0), ("gpu-a2", A100_SMI, 1), ("gpu-v1", V100_SMI, 2),
+                            ("gpu-v4.cluster.local", V100_SMI, 5)):
+        res = run(host, gpu)
+        assert res.returncode == 0, res.stderr
+        got = argv.read_text().splitlines()
+        assert got[:10] == ["--nnodes", "6", "--nproc_per_node", "8", "--node_rank", str(rank), "--master_addr",
+                            "gpu-a1", "--master_port", "29500"]
+        assert got[11:] == expected + ["--mock-data"] and got[10] == "/opt/megatron/pretrain_gpt.py"
+
+    # wrong bindings refuse with one line and exit 2, before torchrun
+    refusals = [
+        (dict(host="gpu-a1", gpu=V100_SMI), "bound to node rank 0 of group a100 (A100-80GB) but nvidia-smi reports "
+                                            f"'{V100_SMI}'"),
+        (dict(host="gpu-v2", gpu=A100_SMI), "node rank 3 of group v100 (V100-32GB)"),
+        (dict(host="gpu-a1", gpu="NVIDIA A100-SXM4-40GB"), "reports 'NVIDIA A100-SXM4-40GB'"),
+        (dict(host="gpu-a1", gpu=A100_SMI, FAKE_GPU_COUNT="4"), "shows 4 GPUs in nvidia-smi; the plan needs 8"),
+        (dict(host="gpu-a1", gpu=A100_SMI, HOSTS_A100="gpu-a1 gpu-a2 gpu-a3"),
+         "group a100 needs 2 A100-80GB nodes but HOSTS_A100 lists 3"),
+        (dict(host="gpu-v1", gpu=V100_SMI, HOSTS_V100=""), "group v100 needs 4 V100-32GB nodes but HOSTS_V100 lists 0"),
+        (dict(host="gpu-v1", gpu=V100_SMI, NODE_RANK="0"), "NODE_RANK=0 but host gpu-v1 is node rank 2"),
+        (dict(host="gpu-x", gpu=A100_SMI), "this host (gpu-x) is in none of HOSTS_A100 HOSTS_V100"),
+        (dict(host="gpu-a1", gpu=A100_SMI, HOSTS_V100="gpu-a1 gpu-v2 gpu-v3 gpu-v4"), "host gpu-a1 is listed twice"),
+    ]
+    for kw, message in refusals:
+        res = run(**kw)
+        assert res.returncode == 2 and message in res.stderr, (kw, res.stderr)
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("launch.sh: ") and not argv.exists()
+
+
+@needs_bash
+def test_mixed_sbatch_is_a_heterogeneous_job(tmp_path):
+    out, expected = _mixed_outputs(tmp_path)
+    sb = (out / "launch.sbatch").read_text()
+    lines = sb.splitlines()
+    directives = [ln for ln in lines if ln.startswith("#SBATCH")]
+    assert lines[1:1 + len(directives)] == directives
+    het = directives.index("#SBATCH hetjob")
+    assert "#SBATCH --nodes=2" in directives[:het] and "#SBATCH --nodes=4" in directives[het:]
+    assert directives.count("#SBATCH --gpus-per-node=8") == 2 and directives.count("#SBATCH hetjob") == 1
+    argv, srun_out = tmp_path / "argv.txt", tmp_path / "srun.txt"
+    base = {"PATH": f"{_fake_cluster_bin(tmp_path)}:{os.environ.get('PATH', '')}", "ARGV_OUT": str(argv),
+            "SRUN_OUT": str(srun_out), "HOME": str(tmp_path), "SLURM_SUBMIT_DIR": "/opt/megatron",
+            "SLURM_JOB_ID": "77", "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "a01,a02",
+            "SLURM_JOB_NODELIST_HET_GROUP_1": "v01,v02,v03,v04"}
+
+    def run(node: str, gpu: str, **env) -> subprocess.CompletedProcess:
+        argv.unlink(missing_ok=True)
+        return subprocess.run([BASH, str(out / "launch.sbatch")], capture_output=True, text=True,
+                              env={**base, "SLURMD_NODENAME": node, "FAKE_GPU": gpu, **env})
+
+    res = run("v02", V100_SMI)
+    assert res.returncode == 0, res.stderr
+    got = argv.read_text().splitlines()
+    assert got[:10] == ["--nnodes", "6", "--nproc_per_node", "8", "--node_rank", "3", "--master_addr", "a01",
+                        "--master_port", "29500"]
+    assert got[11:] == expected and got[10] == "/opt/megatron/pretrain_gpt.py"
+    assert srun_out.read_text().splitlines()[:2] == ["--het-group=0,1", "--kill-on-bad-exit=1"]
+    assert run("a02", A100_SMI).returncode == 0 and argv.read_text().splitlines()[5] == "1"
+
+    for kw, message in [
+        (dict(node="a01", gpu=V100_SMI), "launch.sbatch: host a01 is bound to node rank 0 of group a100"),
+        (dict(node="v01", gpu=V100_SMI, SLURM_HET_SIZE="1"), "needs a heterogeneous job of 2 components"),
+        (dict(node="v01", gpu=V100_SMI, SLURM_JOB_NODELIST_HET_GROUP_1="v01,v02"),
+         "component 1 (v100) has 2 nodes but the plan needs 4 V100-32GB nodes"),
+    ]:
+        res = run(**kw)
+        assert res.returncode == 2 and message in res.stderr, (kw, res.stderr)
+        assert res.stderr.count("\n") == 1 and not argv.exists()
+
+
+@needs_bash
+def test_mixed_scripts_need_stages_on_whole_groups(tmp_path):
+    from planner.outputs import launch_script
+
+    mixed = load_cluster("a100-v100-mixed")
+    model = get_model("13b", precision="fp16")
+    plan = ParallelPlan(tp=8, pp=2, dp=3, global_batch=768, layers_per_stage=(20, 20))   # 24-GPU stages
+    with pytest.raises(InputError, match="group a100's 16 GPUs do not hold whole pipeline stages of tp\\*cp\\*dp = 24"):
+        launch_script(model, mixed, plan, megatron_args(model, plan))

@@ -515,9 +515,11 @@ def cmd_validate(argv: list[str]) -> int:
         for t in cross_validation_tables(cv):
             con.print(t)
     if args.json:
-        rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "predicted_step_time_s",
-                                        "published_step_time_s", "predicted_peak_memory_bytes", "fits", "error",
-                                        "assumed")} for r in result["rows"]]
+        rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "model_name", "num_gpus", "moe",
+                                        "zero_stage", "pp", "cp", "ep", "precision", "release",
+                                        "predicted_step_time_s", "published_step_time_s",
+                                        "predicted_peak_memory_bytes", "fits", "error", "assumed")}
+                for r in result["rows"]]
         out = {"rows": rows, "summary": result["summary"]}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]

@@ -1,13 +1,19 @@
-"""Print the README's accuracy tables (markdown) from `plan validate --json` output.
+"""Print the README's accuracy tables (markdown) from `plan validate --cross-validate --json` output.
 
     plan validate data/validation/published_runs.csv --cross-validate --json /tmp/v.json
     python scripts/accuracy_table.py /tmp/v.json
+
+First the held-out figures of every cross-validation scheme, then the error per source (in-sample and left
+out of the fit) and per GPU type.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+SCHEME_NAMES = {"source": "leave-one-source-out", "release": "leave-one-release-out",
+                "gpu": "leave-one-GPU-type-out"}
 
 
 def fmt(v):
@@ -17,21 +23,35 @@ def fmt(v):
 def main(path: str) -> None:
     data = json.load(open(path))
     s = data["summary"]
-    cv = {f["left_out"]: f for f in data.get("cross_validation", {}).get("folds", [])}
+    schemes = data.get("cross_validation", {}).get("schemes", {})
+    if schemes:
+        print("| held out | folds | rows | MAPE % | median % | p90 % |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, res in schemes.items():
+            o = res["summary"]["overall"]
+            print(f"| {SCHEME_NAMES.get(name, name)} | {len(res['folds'])} | {o['count']} | **{fmt(o['mape'])}** | "
+                  f"{fmt(o['median_ape'])} | {fmt(o['p90_ape'])} |")
+        o = s["overall"]
+        print(f"| in-sample (nothing held out) | - | {o['count']} | {fmt(o['mape'])} | {fmt(o['median_ape'])} | "
+              f"{fmt(o['p90_ape'])} |")
+        print()
+    cv = {f["left_out"]: f for f in schemes.get("source", {}).get("folds", [])}
     print("| source | rows | MAPE % | median % | p90 % | left out of the fit: MAPE % |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, st in s["by_source"].items():
         lo = fmt(cv[name]["mape"]) if name in cv else "-"
         print(f"| {name} | {st['count']} | {fmt(st['mape'])} | {fmt(st['median_ape'])} | {fmt(st['p90_ape'])} | {lo} |")
     o = s["overall"]
-    cvo = data.get("cross_validation", {}).get("summary", {}).get("overall", {})
+    cvo = schemes.get("source", {}).get("summary", {}).get("overall", {})
     print(f"| **all** | {o['count']} | **{fmt(o['mape'])}** | **{fmt(o['median_ape'])}** | {fmt(o['p90_ape'])} | "
           f"**{fmt(cvo.get('mape'))}** |")
     print()
-    print("| GPU | rows | MAPE % | median % | p90 % |")
-    print("|---|---:|---:|---:|---:|")
+    gcv = {f["left_out"]: f for f in schemes.get("gpu", {}).get("folds", [])}
+    print("| GPU | rows | MAPE % | median % | p90 % | GPU type left out: MAPE % |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, st in s["by_gpu"].items():
-        print(f"| {name} | {st['count']} | {fmt(st['mape'])} | {fmt(st['median_ape'])} | {fmt(st['p90_ape'])} |")
+        lo = fmt(gcv[name]["mape"]) if name in gcv else "-"
+        print(f"| {name} | {st['count']} | {fmt(st['mape'])} | {fmt(st['median_ape'])} | {fmt(st['p90_ape'])} | {lo} |")
 
 
 if __name__ == "__main__":

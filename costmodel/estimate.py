@@ -29,11 +29,13 @@ RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 # Megatron-LM of 2020/2021 ran TP all-reduces and the DP all-reduce without overlap
 # (Narayanan et al. 2021 Sec. 4; Korthikanti et al. 2022 Sec. 5 added none). Paxml (JAX/XLA) is taken to
 # compute attention unfused (XLA's cuDNN flash-attention path is opt-in), with its FSDP overlapped.
+# "te_ce": the cross-entropy runs as Transformer Engine's fused kernel, in place on the logits
+# (costmodel/memory.py LOGITS_BYTES_TE_FUSED; megatron-core and the flags planner/outputs.py writes).
 FRAMEWORK = {
-    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5},
-    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
-    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
-    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5},
+    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5, "te_ce": True},
+    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
+    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
+    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5, "te_ce": False},
 }
 # Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
 STEP_OVERHEAD_S = 0.02
@@ -471,8 +473,13 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     if mtp:   # the module's layer (recomputed like the stage's layers) and its logits
         a_rc, a_none = (act_moe, act_none_moe) if mtp_moe else (act_dense, act_none_dense)
         per_mb = per_mb + last * mtp * np.where(full, rec_frac * col(a_rc) + (1 - rec_frac) * col(a_none), col(a_rc))
-    act_bytes_stage = (per_mb * inflight + working) * (eb / 2.0) + last * col(
-        (1 + mtp) * memory.logits_bytes(model, tokens, tp))
+    # The last stage's logits are live from its loss forward to the output layer's backward; a fully
+    # recomputed layer is rebuilt only inside its own backward (megatron-core tensor_parallel/random.py
+    # CheckpointFunction.backward), after the logits gradient is consumed: the peak holds one or the other.
+    logit_b = eb if fw["te_ce"] else memory.LOGITS_BYTES_UNFUSED
+    logits = col((1 + mtp) * memory.logits_bytes(model, tokens, tp, logit_b))
+    work_b = working * (eb / 2.0)
+    act_bytes_stage = per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),
@@ -482,11 +489,15 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     if grad_compression is not None:
         grads = grads + p_stage * grad_compression.residual_bytes_per_element
     optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / shard + p_exp_stage / shard_e)
-    # Megatron-FSDP materialises a layer's weights (all-gathered) and, in the backward, its gradients before
-    # the reduce-scatter, for the layer at work and the one prefetched next.
+    # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the
+    # backward, their gradients before the reduce-scatter (the one reduced and the queue): memory.py
+    # fsdp_unsharded_elements. An FSDP unit is one TransformerLayer on this rank: its expert part holds the
+    # local experts only (E/ep, sharded over the expert data-parallel group; megatron-core
+    # distributed/fsdp/mcore_fsdp_adapter.py:221-282 builds the expert mesh from expt_dp and expt_tp).
     layer_p = np.maximum((n_dense > 0) * lp_dense["dense"] / col(tp),
                          (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(ep * etp)))
-    unsharded = np.where(fsdp > 0, memory.FSDP_UNSHARDED_LAYERS * layer_p * (w_bytes + grad_b), 0.0)
+    w_unsh, g_unsh = memory.fsdp_unsharded_elements(layer_p, SL)
+    unsharded = np.where(fsdp > 0, w_unsh * w_bytes, 0.0) + np.where(col(zero >= 2), g_unsh * grad_b, 0.0)
     live = weights + grads + optim + act_bytes_stage + unsharded
     buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     peak = np.where(valid, live + buffers, 0.0)

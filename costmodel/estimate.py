@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel import comm, compute, memory, pipeline
+from costmodel import comm, compute, memory, pipeline, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
@@ -405,12 +405,29 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                                   col(edp), col(edp_k), col(edp_N))
     ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * eb,
                                   col(edp), col(edp_k), col(edp_N))
+    # Latency over many nodes (costmodel/scale.py): every gradient bucket (megatron-core DDP) and every FSDP
+    # layer is one NCCL collective whose latency grows with the ring (NCCL's tuning model); collective_time_s
+    # counted one small-message latency for the whole stage, so only the rest is added here.
+    def bucket_latency(collective, params, size, k_dom, n_dom, count):
+        once = prof.latency_s(collective) * np.where(n_dom > 1, 2.0, 1.0)
+        each = np.where(n_dom > 1, scale.nccl_latency_s(collective, size, n_dom), prof.latency_s(collective))
+        return np.where((size > 1) & (params > 0), np.maximum(count * each - once, 0.0), 0.0)
+
+    nb_d = scale.ddp_buckets(p_dense_stage, col(dp_size))
+    nb_e = scale.ddp_buckets(p_exp_stage, col(edp))
+    lat = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), nb_d)
+           + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), nb_e)
+           for c in ("reduce_scatter", "all_reduce", "all_gather")}
+    # Megatron-FSDP: one gather / reduce per layer (its unit) and micro-batch, dense and expert groups apart.
+    lat_fsdp = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), SL)
+                + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), SL)
+                for c in ("reduce_scatter", "all_gather")}
     dist = col(distopt)
-    grad_sync = np.where(dist, rs_d + rs_e, ar_d + ar_e)
-    param_sync = np.where(dist, ag_d + ag_e, 0.0)
+    grad_sync = np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
+    param_sync = np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
     fsdp = col(zero >= 3)
     # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
-    fsdp_comm = col(m) * (2 * (ag_d + ag_e) + rs_d + rs_e)
+    fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + rs_d + rs_e + lat_fsdp["reduce_scatter"])
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
         # (~1/8 of a stage's gradients, Megatron's bucket size relative to a layer stack) stays exposed.
@@ -441,7 +458,10 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     t_opt = np.where(valid, t_opt, 0.0)
 
     tail = (dp_exposed + t_compress + t_opt).max(axis=1)
-    step = pipe_s + tail + STEP_OVERHEAD_S
+    # Stragglers (costmodel/scale.py): the pipeline runs at the pace of the slowest of the world's GPUs.
+    world = tp * pp * dp * cp
+    t_strag = scale.straggler_fraction(world) * pipe_s * (prof.kind == "gpu")
+    step = pipe_s + t_strag + tail + STEP_OVERHEAD_S
 
     # Bounds: all overlappable comm hidden vs none hidden.
     overl_layer = n_dense * col(dense_comm_f + dense_comm_b - 2 * t_tp_exposed) + \
@@ -505,7 +525,6 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     fits = (peak <= capacity).all(axis=1)
 
     mflops = model_flops_per_step(model, a.global_batch)
-    world = tp * pp * dp * cp
     peak_flops = prof.peak(dtype)
     i_max = np.argmax(np.where(valid, stage_time, -1.0), axis=1)
     rows = np.arange(n)
@@ -536,6 +555,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         "pp_comm_exposed_s": m * p2p_stage,
         "dp_comm_exposed_s": (dp_exposed + t_compress).max(axis=1),
         "optimizer_s": t_opt.max(axis=1),
+        "straggler_s": t_strag,
         "stage_tail_s": np.where(valid, dp_exposed + t_compress + t_opt, np.nan),  # after the last micro-batch
         "stage_time_s": np.where(valid, stage_time, np.nan),
         "peak_memory_bytes": np.where(valid, peak, np.nan),
@@ -553,7 +573,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
 
 
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
-                  "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s")
+                  "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s", "straggler_s")
 
 
 def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:

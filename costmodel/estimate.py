@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel import comm, compute, memory, pipeline
+from costmodel import comm, compute, memory, pipeline, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
@@ -29,16 +29,19 @@ RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 # Megatron-LM of 2020/2021 ran TP all-reduces and the DP all-reduce without overlap
 # (Narayanan et al. 2021 Sec. 4; Korthikanti et al. 2022 Sec. 5 added none). Paxml (JAX/XLA) is taken to
 # compute attention unfused (XLA's cuDNN flash-attention path is opt-in), with its FSDP overlapped.
+# "te_ce": the cross-entropy runs as Transformer Engine's fused kernel, in place on the logits
+# (costmodel/memory.py LOGITS_BYTES_TE_FUSED; megatron-core and the flags planner/outputs.py writes).
 FRAMEWORK = {
-    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5},
-    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
-    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0},
-    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5},
+    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5, "te_ce": True},
+    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
+    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
+    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5, "te_ce": False},
     # A stack other than Megatron or Paxml (DeepSpeed, PyTorch FSDP, torchtitan, MaxText, ...): flash attention
     # and overlapped data-parallel reduction are taken as given, but not Transformer Engine's userbuffer
     # overlap of tensor-parallel collectives with the GEMMs or Megatron's interleaved p2p overlap, which are
-    # Megatron features (Megatron-LM --tp-comm-overlap, --overlap-p2p-communication).
-    "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0},
+    # Megatron features (Megatron-LM --tp-comm-overlap, --overlap-p2p-communication), nor its fused
+    # cross-entropy.
+    "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False},
 }
 # Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
 STEP_OVERHEAD_S = 0.02
@@ -408,12 +411,29 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                                   col(edp), col(edp_k), col(edp_N))
     ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * eb,
                                   col(edp), col(edp_k), col(edp_N))
+    # Latency over many nodes (costmodel/scale.py): every gradient bucket (megatron-core DDP) and every FSDP
+    # layer is one NCCL collective whose latency grows with the ring (NCCL's tuning model); collective_time_s
+    # counted one small-message latency for the whole stage, so only the rest is added here.
+    def bucket_latency(collective, params, size, k_dom, n_dom, count):
+        once = prof.latency_s(collective) * np.where(n_dom > 1, 2.0, 1.0)
+        each = np.where(n_dom > 1, scale.nccl_latency_s(collective, size, n_dom), prof.latency_s(collective))
+        return np.where((size > 1) & (params > 0), np.maximum(count * each - once, 0.0), 0.0)
+
+    nb_d = scale.ddp_buckets(p_dense_stage, col(dp_size))
+    nb_e = scale.ddp_buckets(p_exp_stage, col(edp))
+    lat = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), nb_d)
+           + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), nb_e)
+           for c in ("reduce_scatter", "all_reduce", "all_gather")}
+    # Megatron-FSDP: one gather / reduce per layer (its unit) and micro-batch, dense and expert groups apart.
+    lat_fsdp = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), SL)
+                + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), SL)
+                for c in ("reduce_scatter", "all_gather")}
     dist = col(distopt)
-    grad_sync = np.where(dist, rs_d + rs_e, ar_d + ar_e)
-    param_sync = np.where(dist, ag_d + ag_e, 0.0)
+    grad_sync = np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
+    param_sync = np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
     fsdp = col(zero >= 3)
     # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
-    fsdp_comm = col(m) * (2 * (ag_d + ag_e) + rs_d + rs_e)
+    fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + rs_d + rs_e + lat_fsdp["reduce_scatter"])
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
         # (~1/8 of a stage's gradients, Megatron's bucket size relative to a layer stack) stays exposed.
@@ -444,7 +464,10 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     t_opt = np.where(valid, t_opt, 0.0)
 
     tail = (dp_exposed + t_compress + t_opt).max(axis=1)
-    step = pipe_s + tail + STEP_OVERHEAD_S
+    # Stragglers (costmodel/scale.py): the pipeline runs at the pace of the slowest of the world's GPUs.
+    world = tp * pp * dp * cp
+    t_strag = scale.straggler_fraction(world) * pipe_s * (prof.kind == "gpu")
+    step = pipe_s + t_strag + tail + STEP_OVERHEAD_S
 
     # Bounds: all overlappable comm hidden vs none hidden.
     overl_layer = n_dense * col(dense_comm_f + dense_comm_b - 2 * t_tp_exposed) + \
@@ -476,8 +499,13 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     if mtp:   # the module's layer (recomputed like the stage's layers) and its logits
         a_rc, a_none = (act_moe, act_none_moe) if mtp_moe else (act_dense, act_none_dense)
         per_mb = per_mb + last * mtp * np.where(full, rec_frac * col(a_rc) + (1 - rec_frac) * col(a_none), col(a_rc))
-    act_bytes_stage = (per_mb * inflight + working) * (eb / 2.0) + last * col(
-        (1 + mtp) * memory.logits_bytes(model, tokens, tp))
+    # The last stage's logits are live from its loss forward to the output layer's backward; a fully
+    # recomputed layer is rebuilt only inside its own backward (megatron-core tensor_parallel/random.py
+    # CheckpointFunction.backward), after the logits gradient is consumed: the peak holds one or the other.
+    logit_b = eb if fw["te_ce"] else memory.LOGITS_BYTES_UNFUSED
+    logits = col((1 + mtp) * memory.logits_bytes(model, tokens, tp, logit_b))
+    work_b = working * (eb / 2.0)
+    act_bytes_stage = per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),
@@ -487,11 +515,15 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     if grad_compression is not None:
         grads = grads + p_stage * grad_compression.residual_bytes_per_element
     optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / shard + p_exp_stage / shard_e)
-    # Megatron-FSDP materialises a layer's weights (all-gathered) and, in the backward, its gradients before
-    # the reduce-scatter, for the layer at work and the one prefetched next.
+    # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the
+    # backward, their gradients before the reduce-scatter (the one reduced and the queue): memory.py
+    # fsdp_unsharded_elements. An FSDP unit is one TransformerLayer on this rank: its expert part holds the
+    # local experts only (E/ep, sharded over the expert data-parallel group; megatron-core
+    # distributed/fsdp/mcore_fsdp_adapter.py:221-282 builds the expert mesh from expt_dp and expt_tp).
     layer_p = np.maximum((n_dense > 0) * lp_dense["dense"] / col(tp),
                          (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(ep * etp)))
-    unsharded = np.where(fsdp > 0, memory.FSDP_UNSHARDED_LAYERS * layer_p * (w_bytes + grad_b), 0.0)
+    w_unsh, g_unsh = memory.fsdp_unsharded_elements(layer_p, SL)
+    unsharded = np.where(fsdp > 0, w_unsh * w_bytes, 0.0) + np.where(col(zero >= 2), g_unsh * grad_b, 0.0)
     live = weights + grads + optim + act_bytes_stage + unsharded
     buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     peak = np.where(valid, live + buffers, 0.0)
@@ -499,7 +531,6 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
     fits = (peak <= capacity).all(axis=1)
 
     mflops = model_flops_per_step(model, a.global_batch)
-    world = tp * pp * dp * cp
     peak_flops = prof.peak(dtype)
     i_max = np.argmax(np.where(valid, stage_time, -1.0), axis=1)
     rows = np.arange(n)
@@ -530,6 +561,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
         "pp_comm_exposed_s": m * p2p_stage,
         "dp_comm_exposed_s": (dp_exposed + t_compress).max(axis=1),
         "optimizer_s": t_opt.max(axis=1),
+        "straggler_s": t_strag,
         "stage_tail_s": np.where(valid, dp_exposed + t_compress + t_opt, np.nan),  # after the last micro-batch
         "stage_time_s": np.where(valid, stage_time, np.nan),
         "peak_memory_bytes": np.where(valid, peak, np.nan),
@@ -547,7 +579,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
 
 
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
-                  "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s")
+                  "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s", "straggler_s")
 
 
 def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:

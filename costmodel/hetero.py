@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field, model_validator
 
-from costmodel import comm, pipeline
+from costmodel import comm, pipeline, scale
 from costmodel.compute import gemm_dtype
 from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, RECOMPUTE_CODE, STEP_OVERHEAD_S, PlanArrays, estimate_arrays
 from costmodel.flops import layer_forward_flops
@@ -313,9 +313,12 @@ def _compose(model, cluster, gcl, profs, p: HeteroPlan, i: int, rows, outs, seq_
     stage_t = stage_t + extra
     m = p.num_microbatches
     pipe, fill = pipeline.pipeline_time_s(stage_t[None, :], np.ones((1, pp)), np.array([float(m)]), p.vpp)
-    step = float(pipe[0]) + float(tail.max()) + STEP_OVERHEAD_S
     gpus = p.stage_gpus
     used = sum(gpus)
+    # Stragglers, as in estimate_arrays: the slowest of the plan's GPUs sets the pipeline's pace.
+    on_gpus = all(profs[g].kind == "gpu" for g in p.stage_groups)
+    strag = float(scale.straggler_fraction(used)) * float(pipe[0]) * on_gpus
+    step = float(pipe[0]) + strag + float(tail.max()) + STEP_OVERHEAD_S
     # Model FLOPs of each stage: its layers (dense first for MoE models) and the logits on the last stage.
     start = np.cumsum((0,) + p.layers_per_stage[:-1])
     n_dense = np.clip((model.dense_layers if model.is_moe else model.layers) - start, 0, p.layers_per_stage)

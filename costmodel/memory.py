@@ -33,10 +33,26 @@ OPTIMIZER_BYTES = 12.0
 FP8_WEIGHT_EXTRA_BYTES = 1.0
 # NCCL, cuBLAS and Transformer Engine workspaces, CUDA context outside the allocator.
 WORKSPACE_BYTES = 1.0 * GIB
-# Megatron-FSDP (ZeRO-3) layers whose weights and gradients are unsharded at once: the one computing and the
-# one prefetched (megatron-core's FSDP all-gathers the next layer's parameters while the current one runs,
-# the same two-in-flight bound as PyTorch FSDP's limit_all_gathers).
-FSDP_UNSHARDED_LAYERS = 2
+# Megatron-FSDP's communication unit, in parameter elements (megatron-core 0.16.1
+# distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:375-399): with optim_grads_params it is twice the mean
+# FSDP unit (a TransformerLayer's local parameters), then `max(1_000_000_000, ...)` (commented "Cap to 1B
+# elements", a floor in fact); without a bucket size (optim_grads) it is 1e9. The all-gather prefetch reaches
+# half of it beyond the buckets at work (suggested_AG_prefetch_size = unit // 2; param_and_grad_buffer.py
+# AllGatherPipeline.all_gather_params:3530-3560 adds whole buckets while less than that is prefetched), and
+# unsharded gradient buckets wait in the reduce-scatter queue until it holds more than the unit
+# (GradReducePipeline.wait_for_previous_grad_reduce:3093-3115 pops them only then and frees their storage).
+FSDP_COMM_UNIT_FLOOR_ELEMENTS = 1.0e9
+# Logits bytes per element of the last stage at its peak. megatron-core with Transformer Engine's fused
+# cross-entropy (cross_entropy_loss_fusion=True, cross_entropy_fusion_impl='te', which the Megatron-Bridge
+# performance recipes set and planner/outputs.py emits): TE's CrossEntropyFunction saves the bf16 logits and
+# writes the gradient into them in place (transformer_engine/pytorch/cross_entropy.py: forward
+# `ctx.save_for_backward(_input.detach(), ...)`, backward returns `_input`), so one logits-dtype copy
+# (megatron-core models/common/language_module/language_module.py:140-162 calls te_parallel_cross_entropy on
+# the logits as they are). Megatron's own cross-entropy (tensor_parallel/cross_entropy.py:28
+# `vocab_parallel_logits.float()`, softmax saved in fp32 at :187; the native fused one likewise) holds the fp32
+# copy beside the bf16 logits in the forward and the fp32 gradient beside its bf16 cast in the backward: 6.
+LOGITS_BYTES_TE_FUSED = 2.0
+LOGITS_BYTES_UNFUSED = 6.0
 # Caching-allocator fragmentation on top of the live tensors.
 FRAGMENTATION = 0.05
 
@@ -101,6 +117,23 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     return np.where(rc == 2, full_input, act)
 
 
-def logits_bytes(model: ModelSpec, tokens, tp) -> np.ndarray:
-    """Last stage: fp32 logits and their gradient for one micro-batch (vocab split over tp)."""
-    return np.asarray(tokens, dtype=float) * model.vocab / np.asarray(tp, dtype=float) * 6.0
+def logits_bytes(model: ModelSpec, tokens, tp, bytes_per_element: float = LOGITS_BYTES_UNFUSED) -> np.ndarray:
+    """Last stage: the logits of one micro-batch and what the cross-entropy keeps of them at the peak (vocab
+    split over tp); ``bytes_per_element`` per logit (LOGITS_BYTES_TE_FUSED / LOGITS_BYTES_UNFUSED)."""
+    return np.asarray(tokens, dtype=float) * model.vocab / np.asarray(tp, dtype=float) * bytes_per_element
+
+
+def fsdp_unsharded_elements(layer_params, stage_layers) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter elements Megatron-FSDP holds unsharded at once: (weights, gradients).
+
+    ``layer_params``: one FSDP unit's (TransformerLayer's) parameters on this rank (tp- and ep-local);
+    ``stage_layers``: the units on the rank. Weights: the unit at work plus the all-gather prefetch, whole units
+    until unit // 2 elements are prefetched. Gradients: the unit being reduced plus the reduce-scatter queue,
+    whole units up to the unit size. Both are capped by the units there are (constants above).
+    """
+    lp = np.maximum(np.asarray(layer_params, dtype=float), 1.0)
+    others = np.maximum(np.asarray(stage_layers, dtype=float) - 1.0, 0.0)
+    unit = np.maximum(FSDP_COMM_UNIT_FLOOR_ELEMENTS, 2.0 * lp)
+    prefetched = np.minimum(np.ceil(np.floor(unit / 2.0) / lp), others)
+    queued = np.minimum(np.floor(unit / lp), others)
+    return lp * (1.0 + prefetched), lp * (1.0 + queued)

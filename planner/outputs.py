@@ -402,6 +402,11 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
             notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
                          "CUDA_DEVICE_MAX_CONNECTIONS (1 vs more) before Blackwell; FSDP's requirement wins")
     if core:
+        # The cost model counts the logits as Transformer Engine's fused cross-entropy keeps them, in place
+        # (costmodel/memory.py LOGITS_BYTES_TE_FUSED); megatron-core model_parallel_config.py:241-246
+        # (cross_entropy_loss_fusion, cross_entropy_fusion_impl 'native' | 'te'), arguments.py
+        # '--cross-entropy-loss-fusion', '--cross-entropy-fusion-impl'.
+        out += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
         out.append("--overlap-grad-reduce")
         if plan.distributed_optimizer or fsdp:
             # validate_args: "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"

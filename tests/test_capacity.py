@@ -207,7 +207,9 @@ def test_deadline_picks_the_cheapest_that_meets_it(by_gpus):
 def test_budget_picks_the_fastest_within_it(by_gpus):
     d = decide(by_gpus, budget_usd=10e6)
     within = [p for p in by_gpus if p.cost_usd <= 10e6]
-    assert d.met and d.best is min(within, key=lambda p: p.wall_time_s) and d.best.gpus == 2048
+    # 2048 GPUs cost $10.7M since the scale terms (stragglers, NCCL bucket latency) and Megatron-FSDP's real
+    # prefetch / reduce-scatter buffers (which push 70B at 2048 from FSDP tp4 to tp8): 1024 is the fastest within.
+    assert d.met and d.best is min(within, key=lambda p: p.wall_time_s) and d.best.gpus == 1024
 
 
 def test_unreachable_deadline_reports_the_closest(by_gpus):

@@ -269,24 +269,68 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
     assert "tp4 pp1 dp32 fsdp" in con.export_text()
 
 
-def test_fsdp_counts_two_unsharded_layers(monkeypatch):
-    """Megatron-FSDP holds the working layer and the prefetched one unsharded (bf16 weights and megatron-core's
-    bf16 gradients): 70B at tp2, 80 layers of 855.6M parameters (8192 hidden, 64 heads / 8 KV, SwiGLU 28672)."""
+def test_fsdp_unsharded_buffers_follow_megatron_core(monkeypatch):
+    """Megatron-FSDP (megatron-core 0.16.1 megatron_fsdp.py:375-399) sizes its communication unit as
+    max(1e9, 2 x the mean TransformerLayer) elements, prefetches whole layers until unit // 2 elements are
+    gathered ahead and keeps reduce-scatter buckets queued up to the unit.
+    70B at tp2: a layer is 855.6M / 2 = 427.8M elements here; unit 1e9 -> prefetch ceil(5e8 / 427.8M) = 2 layers
+    and a queue of floor(1e9 / 427.8M) = 2 layers: 3 layers of bf16 weights and 3 of bf16 gradients unsharded.
+    Qwen3-30B-A3B at ep8: a layer is attention 18,874,368 (q 2048x4096, k and v 2048x512, o 4096x2048) + router
+    262,144 + norms 4,096 + 128/8 local experts x 3 x 2048 x 768 = 75,497,472 -> 94,638,080 elements: prefetch
+    ceil(5e8 / 94.64M) = 6 layers, queue floor(1e9 / 94.64M) = 10 layers."""
     from costmodel import memory
     from costmodel.flops import layer_params
 
     model = get_model("70b")
-    plan = ParallelPlan(tp=2, pp=1, dp=256, micro_batch=1, global_batch=512, recompute="selective",
-                        sequence_parallel=True, zero_stage=3, distributed_optimizer=True)
     lp = layer_params(model, False)["dense"]
     assert lp == pytest.approx(855.6e6, rel=1e-3)
-    with_layers = max(estimate(model, H100, plan).peak_memory_bytes)
-    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 0)
-    without = max(estimate(model, H100, plan).peak_memory_bytes)
-    assert with_layers - without == pytest.approx(2 * lp / 2 * (2.0 + 2.0) * (1 + memory.FRAGMENTATION), rel=1e-6)
-    # ZeRO-1 keeps whole weights and gradients anyway: nothing extra.
+    w, g = memory.fsdp_unsharded_elements(lp / 2, 80)
+    assert (float(w), float(g)) == (3 * lp / 2, 3 * lp / 2)
+    w, g = memory.fsdp_unsharded_elements(94_638_080.0, 48)
+    assert (float(w), float(g)) == (7 * 94_638_080.0, 11 * 94_638_080.0)
+    # Capped by the layers there are (a 4-layer model prefetches and queues 3), and a unit above the floor
+    # (a 6e8-element layer: unit 1.2e9, prefetch 1 layer, queue 2).
+    assert tuple(map(float, memory.fsdp_unsharded_elements(94_638_080.0, 4))) == (4 * 94_638_080.0,) * 2
+    assert tuple(map(float, memory.fsdp_unsharded_elements(6e8, 80))) == (2 * 6e8, 3 * 6e8)
+
+    plan = ParallelPlan(tp=2, pp=1, dp=256, micro_batch=1, global_batch=512, recompute="selective",
+                        sequence_parallel=True, zero_stage=3, distributed_optimizer=True)
+    with_buffers = max(estimate(model, H100, plan).peak_memory_bytes)
     z1 = plan.model_copy(update={"zero_stage": 1})
-    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 2)
-    a = max(estimate(model, H100, z1).peak_memory_bytes)
-    monkeypatch.setattr(memory, "FSDP_UNSHARDED_LAYERS", 0)
-    assert max(estimate(model, H100, z1).peak_memory_bytes) == a
+    z1_peak = max(estimate(model, H100, z1).peak_memory_bytes)
+    monkeypatch.setattr(memory, "fsdp_unsharded_elements", lambda lp, sl: (0.0 * lp, 0.0 * lp))
+    without = max(estimate(model, H100, plan).peak_memory_bytes)
+    assert with_buffers - without == pytest.approx((3 + 3) * lp / 2 * 2.0 * (1 + memory.FRAGMENTATION), rel=1e-6)
+    # ZeRO-1 keeps whole weights and gradients anyway: nothing extra.
+    assert max(estimate(model, H100, z1).peak_memory_bytes) == z1_peak
+
+
+def test_fsdp_moe_on_8_h100_fits():
+    """Megatron-FSDP Qwen3-30B-A3B on one 8-H100 node: tp1 ep8 dp8, micro-batch 4 at seq 4096, full recompute.
+    Per GPU, by hand (bf16 weights and gradients, Adam 12 B/param; experts sharded over ep, their expert
+    data-parallel group has 1 rank):
+      dense params 48 x 19,140,608 + 2 x 151,936 x 2,048 (untied embedding, LM head) = 1,541,079,040 / 8
+        = 192,634,880; experts 48 x 603,979,776 / 8 = 3,623,878,656; local 3,816,513,536
+      weights 2 B and gradients 2 B each 7,633,027,072; optimizer 12 B 45,798,162,432
+      activations: 48 layer inputs x 16,384 tokens x 2,048 x 2 B = 3,221,225,472 plus the larger of one
+        recomputed layer (1.79 GB) and the logits kept by TE's fused cross-entropy, 16,384 x 151,936 x 2 B =
+        4,978,638,848 -> 8,199,864,320
+      FSDP buffers (previous test): (7 + 11) x 94,638,080 x 2 B = 3,406,970,880
+      live 72,671,051,776; buffers 1 GiB + 5% = 4,707,293,413; peak 77,378,345,189 of 0.95 x 80 GiB = 81.6 GB.
+    Before (6 B fp32 logits added on top of the recomputed layer, 2 layers of FSDP buffers) it read 86.9 GB and
+    did not fit."""
+    model = get_model("qwen3-30b-a3b")
+    node = H100.model_copy(update={"nodes": 1, "name": "h100x8"})
+    plan = ParallelPlan(tp=1, pp=1, dp=8, ep=8, micro_batch=4, global_batch=256, recompute="full",
+                        zero_stage=3, distributed_optimizer=True)
+    est = estimate(model, node, plan)
+    mem = est.memory_breakdown_bytes
+    assert mem["weights"] == pytest.approx(7_633_027_072, rel=1e-9)
+    assert mem["grads"] == pytest.approx(7_633_027_072, rel=1e-9)
+    assert mem["optimizer"] == pytest.approx(45_798_162_432, rel=1e-9)
+    assert mem["activations"] == pytest.approx(8_199_864_320, rel=1e-9)
+    assert mem["buffers"] == pytest.approx(4_707_293_413, rel=1e-6)
+    assert max(est.peak_memory_bytes) == pytest.approx(77_378_345_189, rel=1e-6)
+    assert est.fits and est.memory_capacity_bytes == pytest.approx(0.95 * 80 * 2**30)
+    # Selective recompute keeps the 48 MoE layers' activations (74.6 GB): that does not fit, as it should not.
+    assert not estimate(model, node, plan.model_copy(update={"recompute": "selective"})).fits

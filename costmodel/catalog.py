@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.profiles import InputError
+from costmodel.profiles import InputError, read_text, validation_line
 from costmodel.specs import ModelSpec
 
 __all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
@@ -272,9 +272,7 @@ def _with_overrides(
     try:
         return ModelSpec.model_validate({**spec.model_dump(), **updates})
     except ValidationError as err:
-        e = err.errors()[0]
-        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        raise InputError(f"{where}: field '{field}': {e['msg']}") from None
+        raise InputError(f"{where}: {validation_line(err)}") from None
 
 
 def get_model(
@@ -342,18 +340,15 @@ class _Config:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = read_text(path, "config.json")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})"
         ) from None
+    except RecursionError:
+        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object of config fields at the top level")
     return data
@@ -407,6 +402,9 @@ def from_hf_config(
         moe_ffn = cfg.int_("moe_ffn_hidden", "moe_intermediate_size", "intermediate_size")
         fields["moe_ffn_hidden"] = moe_ffn
         shared = cfg.int_("shared_experts", "n_shared_experts", "num_shared_experts", default=0)
+        if moe_ffn < 1:
+            raise InputError(f"{p}: field '{cfg.source['moe_ffn_hidden']}': expected an expert width >= 1, "
+                             f"got {moe_ffn}")
         if not shared and data.get("shared_expert_intermediate_size"):
             # Qwen2-MoE: one shared expert of a given width, counted in routed-expert widths.
             width = cfg.int_("shared_experts", "shared_expert_intermediate_size")
@@ -491,10 +489,7 @@ def from_hf_config(
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as err:
-        e = err.errors()[0]
-        loc = [str(x) for x in e["loc"]]
-        key = cfg.source.get(loc[0], loc[0]) if loc else "(top level)"
-        raise InputError(f"{p}: field '{key}': {e['msg']}") from None
+        raise InputError(f"{p}: {validation_line(err, cfg.source)}") from None
 
 
 def _dense_layers(cfg: _Config, num_experts: int) -> int:
@@ -511,7 +506,8 @@ def _dense_layers(cfg: _Config, num_experts: int) -> int:
             )
     only = data.get("mlp_only_layers")
     if only:
-        if not isinstance(only, list) or sorted(only) != list(range(len(only))):
+        ints = isinstance(only, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in only)
+        if not ints or sorted(only) != list(range(len(only))):
             raise InputError(
                 f"{cfg.path}: field 'mlp_only_layers': only a leading block of dense layers "
                 f"(0, 1, ..., k-1) is supported, got {only!r}"

@@ -214,21 +214,72 @@ class HardwareProfile(_Frozen):
         return best
 
 
-def _one_line(err: ValidationError) -> str:
+def validation_line(err: ValidationError, rename: dict[str, str] | None = None) -> str:
+    """The first error of a pydantic ValidationError as one line: the field (its first part renamed by
+    ``rename``, e.g. to the key of the file it came from), the rule, what was given."""
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    return f"field '{loc}': {e['msg']}"
+    parts = [str(p) for p in e["loc"]]
+    if parts and rename:
+        parts[0] = rename.get(parts[0], parts[0])
+    msg = e["msg"].removeprefix("Value error, ")
+    got = e.get("input")
+    given = ""
+    if isinstance(got, (bool, int, float, str)) and e["type"] != "missing":
+        text = repr(got)
+        given = f" (got {text if len(text) <= 40 else text[:37] + '...'})"
+    # A whole-model check (no field of its own) names its fields in the message.
+    return f"field '{'.'.join(parts)}': {msg}{given}" if parts else f"{msg}{given}"
 
 
-def _read_yaml(path: Path) -> dict:
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The text of a user's file, or a one-line InputError: not found, a directory, unreadable, not UTF-8."""
+    p = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        raw = p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
+        raise InputError(f"{p}: {what} not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory; expected a {what}") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                         f"save the {what} as UTF-8") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:   # an unhashable key: SafeLoader reports it below
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, path: str | Path):
+    """YAML text of ``path`` (safe types, duplicate keys refused), or a one-line InputError with the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise InputError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', exc)})") from None
+        raise InputError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except (ValueError, OverflowError, RecursionError) as exc:   # e.g. a timestamp out of range
+        raise InputError(f"{path}: malformed YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+def _read_yaml(path: Path) -> dict:
+    data = parse_yaml(read_text(path, "YAML file"), path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping of fields at the top level")
     return data
@@ -254,7 +305,7 @@ def _parse_profile_file(path: Path, _mtime_ns: int, _size: int) -> HardwareProfi
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as err:
-        raise InputError(f"{path}: {_one_line(err)}") from None
+        raise InputError(f"{path}: {validation_line(err)}") from None
 
 
 def _norm(name: str) -> str:
@@ -301,7 +352,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     try:
         cluster = ClusterSpec.model_validate(data)
     except ValidationError as err:
-        raise InputError(f"{p}: {_one_line(err)}") from None
+        raise InputError(f"{p}: {validation_line(err)}") from None
     try:
         load_profile(cluster.gpu)
     except InputError as err:

@@ -49,7 +49,7 @@ def expert_fractions(histogram) -> np.ndarray:
     """
     try:
         h = np.asarray(histogram, dtype=float)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, RecursionError):
         raise ValueError("expected a list of numbers per expert, or a list of such lists (one per MoE layer) "
                          "of equal length") from None
     if h.ndim == 1:
@@ -59,6 +59,8 @@ def expert_fractions(histogram) -> np.ndarray:
     if not np.isfinite(h).all() or (h < 0).any():
         raise ValueError("counts must be finite and >= 0")
     sums = h.sum(axis=1)
+    if not np.isfinite(sums).all():
+        raise ValueError("counts too large: a layer's total overflows float64")
     empty = np.flatnonzero(sums <= 0)
     if len(empty):
         raise ValueError(f"layer {int(empty[0])} has no routed tokens")

@@ -88,6 +88,12 @@ def divisors(n: int) -> list[int]:
     n = int(n)
     if n < 1:
         return []
+    if n > 1 << 32:
+        # Trial division to sqrt(n) would take minutes for a file's num_hidden_layers of 2**62; SymPy
+        # factorises (Pollard rho) instead.
+        from sympy import divisors as factored_divisors
+
+        return [int(d) for d in factored_divisors(n)]
     small, large = [], []
     i = 1
     while i * i <= n:

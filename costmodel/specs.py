@@ -6,9 +6,9 @@ All specs are frozen pydantic v2 models. Units are in the field names (``_bytes`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full"]
@@ -34,6 +34,57 @@ PRECISION_ALIASES: dict[str, str] = {
 }
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _no_bool(v):
+    """YAML's true/false are not numbers (pydantic would take true as 1)."""
+    if isinstance(v, bool):
+        raise ValueError("expected a number, not true/false")
+    return v
+
+
+def _int(lo: int, hi: int = INT64_MAX):
+    return Annotated[int, BeforeValidator(_no_bool), Field(ge=lo, le=hi)]
+
+
+def _float(lo: float, hi: float, *, gt: bool = False):
+    bound = {"gt": lo} if gt else {"ge": lo}
+    return Annotated[float, BeforeValidator(_no_bool), Field(le=hi, allow_inf_nan=False, **bound)]
+
+
+# Checked numbers for everything read from files: integers within int64 (the cost model's arrays are
+# int64/float64), finite floats in a physical range, and no booleans where a number is expected.
+Count = _int(1)
+"""A positive integer within int64."""
+Count0 = _int(0)
+"""A non-negative integer within int64."""
+Bandwidth = _float(1e6, 1e15)
+"""Bytes per second: finite, from 1 MB/s (a loaded CPU host) to 1 PB/s."""
+Seconds = _float(0.0, 3600.0)
+"""A latency: finite, 0 to an hour."""
+Money = _float(0.0, 1e6)
+"""A price in USD: finite and >= 0."""
+GpusPerNode = _int(1, 1024)
+"""GPUs (or CPU ranks) in one node."""
+Nodes = _int(1, 1_000_000)
+"""Nodes of a cluster."""
+DomainGpus = _int(1, 1_000_000)
+"""GPUs in one NVLink domain."""
+
+
+def _domain_ok(domain: int | None, gpus_per_node: int, num_gpus: int, where: str = "") -> None:
+    """An NVLink domain is a divisor of the node (several domains per node) or whole nodes (NVL72 racks),
+    and no larger than the cluster."""
+    if domain is None:
+        return
+    if gpus_per_node % domain and domain % gpus_per_node:
+        raise ValueError(f"{where}nvlink_domain_gpus={domain} with gpus_per_node={gpus_per_node}: valid are the "
+                         f"divisors of gpus_per_node and its multiples (whole nodes)")
+    if domain > num_gpus:
+        raise ValueError(f"{where}nvlink_domain_gpus={domain} exceeds the cluster's {num_gpus} GPUs")
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -45,7 +96,7 @@ class RopeScaling(_Frozen):
     """yarn (DeepSeek-V3, gpt-oss), llama3 (Llama 3.1 / 3.2) or linear (position interpolation)."""
     factor: float = Field(gt=0)
     """Context extension factor."""
-    original_max_position_embeddings: int | None = Field(default=None, ge=1)
+    original_max_position_embeddings: Count | None = None
     """Context length the frequencies were trained for (yarn, llama3)."""
     beta_fast: float = 32.0
     """yarn: high-frequency boundary (rotations)."""
@@ -73,21 +124,21 @@ class ModelSpec(_Frozen):
 
     name: str = "custom"
     """Catalog name or a free label."""
-    layers: int = Field(ge=1)
+    layers: Count
     """Number of transformer layers."""
-    hidden: int = Field(ge=1)
+    hidden: Count
     """Model (residual stream) width h."""
-    ffn_hidden: int = Field(ge=1)
+    ffn_hidden: Count
     """FFN width of a dense layer (for MoE models: the width of the dense layers, if any)."""
-    heads: int = Field(ge=1)
+    heads: Count
     """Number of query attention heads a."""
-    kv_heads: int | None = Field(default=None, ge=1)
+    kv_heads: Count | None = None
     """Number of key/value heads (GQA); None means multi-head attention (= heads)."""
-    head_dim: int | None = Field(default=None, ge=1)
+    head_dim: Count | None = None
     """Per-head width; None means hidden / heads."""
-    vocab: int = Field(ge=1)
+    vocab: Count
     """Vocabulary size (padded as Megatron pads it is close enough for costing)."""
-    seq_len: int = Field(ge=1)
+    seq_len: Count
     """Training sequence length s (tokens)."""
     gated_mlp: bool = True
     """SwiGLU-style gated MLP (three weight matrices) instead of the GPT two-matrix MLP."""
@@ -121,15 +172,15 @@ class ModelSpec(_Frozen):
     """Share of each head's dimensions that get rotary embeddings (HF partial_rotary_factor)."""
     rope_scaling: RopeScaling | None = None
     """Rotary frequency scaling (YaRN, Llama 3.1); None = plain rotary embeddings."""
-    num_experts: int = Field(default=0, ge=0)
+    num_experts: Count0 = 0
     """Routed experts per MoE layer; 0 for a dense model."""
-    moe_topk: int = Field(default=0, ge=0)
+    moe_topk: Count0 = 0
     """Routed experts each token goes to."""
-    moe_ffn_hidden: int | None = Field(default=None, ge=1)
+    moe_ffn_hidden: Count | None = None
     """FFN width of one routed expert."""
-    shared_experts: int = Field(default=0, ge=0)
+    shared_experts: Count0 = 0
     """Shared (always-on) experts per MoE layer, each of width moe_ffn_hidden."""
-    dense_layers: int = Field(default=0, ge=0)
+    dense_layers: Count0 = 0
     """Leading dense layers before the MoE layers (DeepSeek's first_k_dense_replace)."""
     moe_router_score: Literal["softmax", "sigmoid"] = "softmax"
     """Router score function (DeepSeek-V3 scoring_func sigmoid)."""
@@ -139,21 +190,21 @@ class ModelSpec(_Frozen):
     """Aux-loss-free balancing: a per-expert bias added to the scores for selection (DeepSeek-V3 noaux_tc)."""
     moe_router_topk_scaling: float = Field(default=1.0, gt=0)
     """Factor on the routing weights (DeepSeek-V3 routed_scaling_factor 2.5)."""
-    moe_router_groups: int | None = Field(default=None, ge=1)
+    moe_router_groups: Count | None = None
     """Group-limited routing: experts fall into this many groups (DeepSeek-V3 n_group); None = no groups."""
-    moe_router_group_topk: int | None = Field(default=None, ge=1)
+    moe_router_group_topk: Count | None = None
     """Group-limited routing: groups each token may use (DeepSeek-V3 topk_group)."""
-    mtp_layers: int = Field(default=0, ge=0)
+    mtp_layers: Count0 = 0
     """Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers, Megatron --mtp-num-layers).
     Each adds one transformer layer of the model's last kind and a 2h->h projection, and runs the shared
     output layer and loss once more; megatron-core places them on the last pipeline stage."""
-    mla_kv_lora_rank: int | None = Field(default=None, ge=1)
+    mla_kv_lora_rank: Count | None = None
     """Multi-head latent attention: compressed KV rank (DeepSeek-V2/V3); None = standard attention."""
-    mla_q_lora_rank: int | None = Field(default=None, ge=1)
+    mla_q_lora_rank: Count | None = None
     """Multi-head latent attention: compressed Q rank (None = no Q compression)."""
-    mla_rope_dim: int = Field(default=64, ge=0)
+    mla_rope_dim: Count0 = 64
     """Multi-head latent attention: decoupled RoPE head width."""
-    mla_v_head_dim: int | None = Field(default=None, ge=1)
+    mla_v_head_dim: Count | None = None
     """Multi-head latent attention: value head width (None = head_dim)."""
     precision: Precision = "bf16"
     """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
@@ -208,6 +259,9 @@ class ModelSpec(_Frozen):
             if self.moe_router_group_topk > self.moe_router_groups:
                 raise ValueError(f"moe_router_group_topk={self.moe_router_group_topk} exceeds "
                                  f"moe_router_groups={self.moe_router_groups}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"heads={self.heads} does not divide hidden={self.hidden}: give head_dim, or heads "
+                             f"that divide hidden")
         return self
 
     # Derived shapes -----------------------------------------------------------------------
@@ -237,13 +291,13 @@ class InterNodeFabric(_Frozen):
 
     name: str = "InfiniBand NDR"
     """Fabric name, for reports."""
-    nic_bandwidth_bytes_per_s: float = Field(gt=0)
+    nic_bandwidth_bytes_per_s: Bandwidth
     """Unidirectional NIC bandwidth per GPU (400 Gb/s NDR = 50e9)."""
-    rails: int = Field(default=8, ge=1)
+    rails: GpusPerNode = 8
     """NICs (rails) per node."""
-    latency_s: float = Field(default=5e-6, ge=0)
+    latency_s: Seconds = 5e-6
     """One-hop latency of a small message across the fabric."""
-    oversubscription: float = Field(default=1.0, ge=1.0)
+    oversubscription: _float(1.0, 1e3) = 1.0
     """Core oversubscription of the fat tree (1.0 = full bisection)."""
 
 
@@ -252,7 +306,7 @@ class IntraNodeFabric(_Frozen):
 
     name: str = "NVLink"
     """Fabric name, for reports."""
-    bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    bandwidth_bytes_per_s: Bandwidth | None = None
     """Unidirectional bandwidth per GPU; None takes the GPU profile's NVLink figure."""
 
 
@@ -263,18 +317,23 @@ class DeviceGroup(_Frozen):
     """Label used in plans and reports."""
     gpu: str
     """Hardware profile name of this group's GPUs."""
-    nodes: int = Field(ge=1)
+    nodes: Nodes
     """Nodes in the group."""
-    gpus_per_node: int = Field(ge=1)
+    gpus_per_node: GpusPerNode
     """GPUs per node in the group."""
-    nvlink_domain_gpus: int | None = Field(default=None, ge=1)
+    nvlink_domain_gpus: DomainGpus | None = None
     """GPUs in one NVLink domain of this group; None = gpus_per_node."""
     intra_node: IntraNodeFabric | None = None
     """Scale-up fabric of this group; None = the cluster's."""
     inter_node: InterNodeFabric | None = None
     """Scale-out fabric of this group's nodes; None = the cluster's."""
-    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour_usd: Money | None = None
     """Price of one GPU-hour of this group; None = the cluster's."""
+
+    @model_validator(mode="after")
+    def _domain(self) -> DeviceGroup:
+        _domain_ok(self.nvlink_domain_gpus, self.gpus_per_node, self.num_gpus)
+        return self
 
     @property
     def num_gpus(self) -> int:
@@ -286,9 +345,9 @@ class InterGroupLink(_Frozen):
 
     name: str = "inter-group link"
     """Label for reports."""
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    bandwidth_bytes_per_s: Bandwidth
     """Unidirectional bandwidth per GPU for traffic between groups (also accepted as bandwidth_gbps, Gb/s)."""
-    latency_s: float = Field(default=5e-6, ge=0)
+    latency_s: Seconds = 5e-6
     """One-hop latency between groups."""
     shared: bool = False
     """True: the bandwidth is one link shared by every rank whose traffic crosses it (not per GPU)."""
@@ -314,11 +373,11 @@ class ClusterSpec(_Frozen):
     """Label for reports."""
     gpu: str
     """Hardware profile name (a file in hardware_profiles/gpus/, or an alias of one)."""
-    nodes: int = Field(ge=1)
+    nodes: Nodes
     """Number of nodes (servers, or trays for NVL racks)."""
-    gpus_per_node: int = Field(default=8, ge=1)
+    gpus_per_node: GpusPerNode = 8
     """GPUs per node."""
-    nvlink_domain_gpus: int | None = Field(default=None, ge=1)
+    nvlink_domain_gpus: DomainGpus | None = None
     """GPUs in one NVLink domain (72 for a GB200 NVL72 rack); None = gpus_per_node."""
     intra_node: IntraNodeFabric = IntraNodeFabric()
     """Scale-up fabric."""
@@ -326,9 +385,9 @@ class ClusterSpec(_Frozen):
     """Scale-out fabric."""
     topology: Topology = "rail-optimised"
     """Shape of the scale-out network."""
-    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+    price_per_gpu_hour_usd: Money | None = None
     """Price of one GPU-hour, for cost estimates."""
-    storage_bandwidth_bytes_per_s: float = Field(default=100e9, gt=0)
+    storage_bandwidth_bytes_per_s: Bandwidth = 100e9
     """Aggregate checkpoint storage write bandwidth."""
     device_groups: tuple[DeviceGroup, ...] = ()
     """Heterogeneous clusters: the groups (empty for a homogeneous cluster)."""
@@ -364,6 +423,8 @@ class ClusterSpec(_Frozen):
             raise ValueError(f"device group names {names} are not unique")
         if self.inter_group_link is not None and not self.device_groups:
             raise ValueError("inter_group_link needs device_groups")
+        if not self.device_groups:
+            _domain_ok(self.nvlink_domain_gpus, self.gpus_per_node, self.num_gpus)
         return self
 
     @property
@@ -380,29 +441,29 @@ class ClusterSpec(_Frozen):
 class ParallelPlan(_Frozen):
     """One Megatron-style parallel layout and its training knobs."""
 
-    tp: int = Field(default=1, ge=1)
+    tp: Count = 1
     """Tensor-parallel degree."""
-    pp: int = Field(default=1, ge=1)
+    pp: Count = 1
     """Pipeline-parallel degree (stages)."""
-    vpp: int = Field(default=1, ge=1)
+    vpp: Count = 1
     """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
-    dp: int = Field(default=1, ge=1)
+    dp: Count = 1
     """Data-parallel degree."""
-    cp: int = Field(default=1, ge=1)
+    cp: Count = 1
     """Context-parallel degree (sequence split across ranks for attention)."""
-    ep: int = Field(default=1, ge=1)
+    ep: Count = 1
     """Expert-parallel degree (MoE layers)."""
-    etp: int = Field(default=1, ge=1)
+    etp: Count = 1
     """Expert tensor-parallel degree (MoE layers)."""
     sequence_parallel: bool = True
     """Megatron sequence parallelism with tp (all-gather / reduce-scatter instead of all-reduce)."""
-    micro_batch: int = Field(default=1, ge=1)
+    micro_batch: Count = 1
     """Micro-batch size (sequences per micro-batch per dp rank)."""
-    global_batch: int = Field(ge=1)
+    global_batch: Count
     """Global batch size (sequences per optimizer step)."""
     recompute: RecomputeMode = "selective"
     """Activation recomputation: none, selective (attention core), full (whole layers)."""
-    recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_layers: Count0 | None = None
     """With full recompute: layers per stage recomputed (None = all)."""
     distributed_optimizer: bool = True
     """Megatron distributed optimizer (ZeRO-1 style optimizer-state sharding over dp x cp)."""

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from costmodel.catalog import catalog
 from costmodel.estimate import PlanArrays, estimate_arrays
-from costmodel.profiles import HardwareProfile, InputError, load_profile
-from costmodel.specs import ClusterSpec, InterNodeFabric, ModelSpec, ParallelPlan
+from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
+from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec, ParallelPlan
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch", "scored", "step_time_s")
@@ -232,25 +232,63 @@ def framework_split(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
     return tuple(sum(virt[v * pp + r] for v in range(vpp)) for r in range(pp))
 
 
+# Numeric columns a scored row must give (positive integers; step_time_s a positive number of seconds), and
+# those it may leave blank or "unknown".
+_REQUIRED_INTS = ("layers", "hidden", "heads", "seq_len", "num_gpus", "tp", "pp", "global_batch")
+_OPTIONAL_INTS = ("ffn_hidden", "kv_heads", "vocab", "moe_topk", "gpus_per_node", "vp", "cp", "ep", "dp",
+                  "micro_batch")
+
+
+def _check_numbers(row: dict) -> None:
+    """A ValueError naming the column for a number a row gets wrong: text, 0, a fraction, NaN, inf."""
+    for col in _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",):
+        raw = (row.get(col) or "").strip()
+        if _num(raw) is None:
+            if col in _REQUIRED_INTS or (raw and raw.lower() not in ("unknown", "n/a", "na", "-")):
+                raise ValueError(f"column '{col}': expected a positive integer, got {raw!r}")
+            continue
+        x = _num(raw)
+        low = 0 if col == "moe_experts" else 1
+        if not math.isfinite(x) or x != int(x) or not low <= x <= INT64_MAX:
+            raise ValueError(f"column '{col}': expected an integer >= {low}, got {raw!r}")
+    t = _num(row.get("step_time_s", ""))
+    if t is None or not math.isfinite(t) or t <= 0:
+        raise ValueError(f"column 'step_time_s': expected a step time in seconds > 0, got "
+                         f"{(row.get('step_time_s') or '').strip()!r}")
+
+
 def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
     """Scored rows as cases; rows that cannot be turned into a case come back as errors."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{p}: file not found") from None
+    text = read_text(p, "CSV file")
+    if "\0" in text:
+        raise InputError(f"{p}: not a CSV file (it holds NUL bytes); expected the columns of "
+                         f"data/validation/published_runs.csv")
     reader = csv.DictReader(text.splitlines())
-    cols = reader.fieldnames or []
+    try:
+        cols = reader.fieldnames or []
+    except csv.Error as exc:
+        raise InputError(f"{p}: malformed CSV header ({exc})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     if missing:
         raise InputError(f"{p}: missing column(s) {', '.join(missing)}; expected the columns of "
                          f"data/validation/published_runs.csv")
     cases, errors = [], []
-    for i, row in enumerate(reader):
+    rows = iter(reader)
+    i = -1
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise InputError(f"{p}: line {reader.line_num}: malformed CSV ({exc})") from None
+        i += 1
         if (row.get("scored") or "").strip().lower() != "true":
             continue
         assumed: list[str] = []
         try:
+            _check_numbers(row)
             framework = framework_of(row)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
@@ -354,6 +392,9 @@ def summarize(rows: list[dict]) -> dict:
 def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = None) -> dict:
     """Predict every scored row; returns {"rows": [...], "summary": {...}}."""
     cases, errors = load_cases(path)
+    if not cases:
+        why = errors[0]["error"] if errors else f"{path}: no row has scored=true"
+        raise InputError(f"nothing to score: {why}" + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
     rows = []
     for c in cases:
         prof = (profiles or {}).get(c.cluster.gpu)

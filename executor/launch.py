@@ -35,25 +35,45 @@ class RunResult:
     metrics: list[dict]
 
 
+# Fields a plan.json's plan must state: a missing degree would silently train another layout.
+REQUIRED_PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "global_batch")
+
+
 def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
     """Model and plan of a plan.json, with a one-line error naming the file when it is not one."""
+    from costmodel.profiles import read_text, validation_line
+
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)") from None
+        data = json.loads(read_text(p, "plan file"))
+    except InputError as exc:
+        if not p.exists():
+            raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)") from None
+        raise exc from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object with model, cluster and plan (as `plan --out` writes), "
+                         f"got {type(data).__name__}")
     for key in ("model", "plan"):
-        if key not in data:
-            raise InputError(f"{path}: missing key '{key}' (plan.json from `plan --out` has model, cluster, plan)")
+        if not isinstance(data.get(key), dict):
+            what = "missing" if key not in data else f"not an object ({type(data[key]).__name__})"
+            raise InputError(f"{path}: key '{key}' {what} (plan.json from `plan --out` has model, cluster, plan)")
+    missing = [k for k in REQUIRED_PLAN_FIELDS if k not in data["plan"]]
+    if missing:
+        raise InputError(f"{path}: field 'plan.{missing[0]}' missing (required: {', '.join(REQUIRED_PLAN_FIELDS)})")
     from pydantic import ValidationError
 
-    try:
-        return ModelSpec.model_validate(data["model"]), ParallelPlan.model_validate(data["plan"])
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(f"{path}: {exc.title} field '{'.'.join(str(x) for x in e['loc'])}': {e['msg']}") from None
+    def parse(key: str, spec):
+        try:
+            return spec.model_validate(data[key])
+        except ValidationError as exc:
+            names = {*data[key], *spec.model_fields}
+            raise InputError(f"{path}: {validation_line(exc, {k: f'{key}.{k}' for k in map(str, names)})}") from None
+
+    return parse("model", ModelSpec), parse("plan", ParallelPlan)
 
 
 def available_processes() -> tuple[int, str]:

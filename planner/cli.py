@@ -13,37 +13,58 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from costmodel.profiles import InputError
+from costmodel.specs import INT64_MAX
 
 SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune")
 # Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
 EXHAUSTIVE_LIMIT = 50_000
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
-    """Write JSON next to its destination and rename, so a failure never leaves half a file."""
-    target = Path(path)
-    if target.parent and not target.parent.exists():
-        raise InputError(f"{path}: directory {target.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as the project's one-line input errors (exit 2, no usage block)."""
+
+    def error(self, message: str):
+        raise InputError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _number(kind, lo, *, strict_lo: bool = False, hi=None):
+    """An argparse type: a finite number of ``kind`` >= lo (> lo with strict_lo), <= hi."""
+    hi = INT64_MAX if kind is int and hi is None else hi
+    what = ("an integer" if kind is int else "a number") + (f" > {lo:g}" if strict_lo else f" >= {lo:g}")
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v != v or v in (float("inf"), float("-inf")) or v < lo or (strict_lo and v == lo):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"expected {what} and <= {hi}, got {text!r}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_count = _number(int, 1)
+_count0 = _number(int, 0)
+_positive = _number(float, 0, strict_lo=True)
+_rate = _number(float, 0)
+
+
+def _check_file_target(path: str | None) -> None:
+    """Fail at once, before any long work, when ``path`` (--json OUT, --plot PNG) could not be written."""
+    if path:
+        from planner.outputs import check_target
+
+        check_target(Path(path).parent, (Path(path).name,))
 
 
 def _model_cluster(args):
@@ -80,26 +101,26 @@ def _native_precision(model, cluster, explicit: bool):
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b, deepseek-v3) or a HF config.json")
     p.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
     p.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
-    p.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: ~4M tokens)")
+    p.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def cmd_search(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan", description="Search parallel layouts for a model on a cluster.")
+    ap = _Parser(prog="plan", description="Search parallel layouts for a model on a cluster.")
     _common(ap)
-    ap.add_argument("--top", type=int, default=10, help="plans to show")
+    ap.add_argument("--top", type=_count, default=10, help="plans to show")
     ap.add_argument("--exhaustive", action="store_true", help="score every valid layout instead of searching")
     ap.add_argument("--sampler", choices=("tpe", "cmaes", "nsga2"), default=None,
                     help="Optuna sampler (default tpe; nsga2 for several objectives)")
     ap.add_argument("--objectives", default="time", help="comma list of time, memory, gpus (Pareto front)")
-    ap.add_argument("--trials", type=int, default=None, help="Optuna trials (default 10%% of the layouts, >= 50)")
+    ap.add_argument("--trials", type=_count, default=None, help="Optuna trials (default 10%% of the layouts, >= 50)")
     ap.add_argument("--storage", default=None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)")
     ap.add_argument("--study-name", default=None, help="study to create or resume in --storage")
-    ap.add_argument("--workers", type=int, default=1, help="processes sharing --storage")
+    ap.add_argument("--workers", type=_count, default=1, help="processes sharing --storage")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=None, help="stop starting trials after this many seconds")
+    ap.add_argument("--timeout", type=_positive, default=None, help="stop starting trials after this many seconds")
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
     _routing_args(ap, placement_default="best")
@@ -107,6 +128,13 @@ def cmd_search(argv: list[str]) -> int:
     from planner.report import console, plan_row, ranked_table
     from planner.search import exhaustive, optuna_search
     from planner.space import default_global_batch
+
+    if args.out:
+        from planner.outputs import OUTPUT_FILES, check_target
+
+        check_target(args.out, (*OUTPUT_FILES, "report.png"), create=True)
+    if args.storage:
+        _check_storage(args.storage)
 
     model, cluster = _model_cluster(args)
     gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
@@ -164,6 +192,33 @@ def cmd_search(argv: list[str]) -> int:
     return 0
 
 
+def _check_storage(url: str) -> None:
+    """A one-line error for an Optuna storage URL SQLAlchemy cannot open: a malformed URL, an unknown
+    dialect or a missing driver, an SQLite file in a directory that does not exist."""
+    if url.startswith(("redis://", "journal:")):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise InputError(f"--storage {url}: SQLAlchemy has no dialect {parsed.drivername!r}; valid: sqlite:///PATH, "
+                         f"postgresql://..., mysql://...") from None
+    except ArgumentError:
+        raise InputError(f"--storage {url}: not a database URL; valid: sqlite:///study.db, "
+                         f"postgresql://user@host/db, mysql://user@host/db") from None
+    except ImportError as exc:
+        raise InputError(f"--storage {url}: the database driver is not installed ({exc})") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        where = Path(parsed.database).expanduser().parent
+        if not where.is_dir():
+            raise InputError(f"--storage {url}: directory {where} does not exist")
+        if Path(parsed.database).is_dir():
+            raise InputError(f"--storage {url}: {parsed.database} is a directory, not an SQLite file")
+
+
 def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     """Optuna search with a progress bar on stderr (none with --json)."""
     kw = dict(sampler=args.sampler, n_trials=args.trials, objectives=objectives, storage=args.storage,
@@ -197,34 +252,25 @@ def best_plan(res):
 
 
 def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:
-    """Outputs of one plan; the figure is drawn first so that a failure leaves nothing behind."""
+    """Outputs of one plan, report.png with them (every file through planner.outputs.write_files_atomic)."""
     from costmodel.estimate import estimate
     from planner.outputs import write_outputs
     from planner.report import save_report_png
 
     est = est or estimate(model, cluster, plan)
-    fd, tmp_png = tempfile.mkstemp(suffix=".png")
-    os.close(fd)
-    try:
-        save_report_png(tmp_png, est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
-                                      f"dp{plan.dp} cp{plan.cp} ep{plan.ep}", plan.num_microbatches)
-        write_outputs(out, model, cluster, plan, est, extra=extra)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_png, 0o666 & ~umask)
-        os.replace(tmp_png, Path(out) / "report.png")
-    finally:
-        Path(tmp_png).unlink(missing_ok=True)
+    title = f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} dp{plan.dp} cp{plan.cp} ep{plan.ep}"
+    write_outputs(out, model, cluster, plan, est, extra=extra,
+                  figures={"report.png": lambda path: save_report_png(path, est, title, plan.num_microbatches)})
 
 
 def cmd_check(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan check", description="Predict and check one layout.")
+    ap = _Parser(prog="plan check", description="Predict and check one layout.")
     _common(ap)
     for deg in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp"):
-        ap.add_argument(f"--{deg}", type=int, default=None if deg == "dp" else 1)
-    ap.add_argument("--micro-batch", type=int, default=1)
+        ap.add_argument(f"--{deg}", type=_count, default=None if deg == "dp" else 1)
+    ap.add_argument("--micro-batch", type=_count, default=1)
     ap.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
-    ap.add_argument("--recompute-layers", type=int, default=None)
+    ap.add_argument("--recompute-layers", type=_count0, default=None)
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
     ap.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
@@ -288,7 +334,7 @@ def cmd_check(argv: list[str]) -> int:
         if load is not None:
             out["routing"] = {**routing.summary(), "load": load.summary()}
         print(json.dumps(out, indent=1))
-        return 0
+        return 0 if est.fits else 1
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
@@ -303,6 +349,10 @@ def cmd_check(argv: list[str]) -> int:
         con.print(f"[{colour}]{f.severity}[/{colour}]: {line}")
     if not findings:
         con.print("no findings: every checked figure is in its healthy range")
+    if not est.fits:
+        con.print(f"[red]does not fit: peak {max(est.peak_memory_bytes) / 1e9:.1f} GB per GPU against "
+                  f"{est.memory_capacity_bytes / 1e9:.1f} GB usable (exit 1)[/red]")
+        return 1
     return 0
 
 
@@ -348,7 +398,7 @@ def _routing_args(ap: argparse.ArgumentParser, placement_default: str) -> None:
     ap.add_argument("--placement", choices=("best", "contiguous", "lpt"), default=placement_default,
                     help=f"expert placement on the EP ranks with --routing (default {placement_default}; contiguous "
                          f"is Megatron's, lpt balances the measured load)")
-    ap.add_argument("--capacity-factor", type=float, default=None,
+    ap.add_argument("--capacity-factor", type=_positive, default=None,
                     help="MoE expert capacity factor with --routing (tokens over it are dropped)")
 
 
@@ -489,7 +539,7 @@ def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
 
 
 def cmd_validate(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan validate",
+    ap = _Parser(prog="plan validate",
                                  description="Predict every scored row of a published-runs CSV.")
     ap.add_argument("csv", help="CSV with the columns of data/validation/published_runs.csv")
     ap.add_argument("--json", metavar="OUT", help="write rows and summary as JSON to OUT")
@@ -500,6 +550,7 @@ def cmd_validate(argv: list[str]) -> int:
     from planner.report import console, cross_validation_tables, validation_tables
     from costmodel.validate import cross_validate, validate
 
+    _check_file_target(args.json)
     result = validate(args.csv)
     con = console()
     for t in validation_tables(result["summary"]):
@@ -523,21 +574,23 @@ def cmd_validate(argv: list[str]) -> int:
         out = {"rows": rows, "summary": result["summary"]}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
-        _write_json_atomic(args.json, out)
+        from planner.outputs import write_file_atomic
+
+        write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
 
 
 def _capacity_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b) or a HF config.json")
     ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 (default: 20 per parameter)")
-    ap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    ap.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
     ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
-    ap.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: ~4M tokens)")
+    ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
     ap.add_argument("--compression", default="none", help="DP gradient compression: none, int8, int4 (error feedback)")
     ap.add_argument("--price-per-gpu-hour", default=None, help="$ per GPU-hour, instead of the cluster files' price")
-    ap.add_argument("--failure-scale", type=float, default=1.0, help="multiply the default failure rates (Llama 3)")
-    ap.add_argument("--failures-per-gpu-hour", type=float, default=None, help="GPU faults per GPU-hour")
-    ap.add_argument("--failures-per-node-hour", type=float, default=None, help="other faults per node-hour")
+    ap.add_argument("--failure-scale", type=_rate, default=1.0, help="multiply the default failure rates (Llama 3)")
+    ap.add_argument("--failures-per-gpu-hour", type=_rate, default=None, help="GPU faults per GPU-hour")
+    ap.add_argument("--failures-per-node-hour", type=_rate, default=None, help="other faults per node-hour")
     ap.add_argument("--restart", default=None, help="overhead per failure before the checkpoint load (default 10m)")
     ap.add_argument("--checkpoint-interval", default=None, help="fixed checkpoint interval, e.g. 1h (default: optimal)")
     ap.add_argument("--async-checkpoint", action="store_true", help="asynchronous checkpoint saves")
@@ -586,28 +639,13 @@ def _sweep_with_progress(scenarios, assumptions, quiet: bool):
         return sweep(scenarios, assumptions, progress=lambda done, total: prog.update(task, completed=done))
 
 
-def _write_png_atomic(path: str, draw) -> None:
-    target = Path(path)
-    if not target.parent.exists():
-        raise InputError(f"--plot {path}: directory {target.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".png")
-    os.close(fd)
-    try:
-        draw(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:
     from planner.capacity import pareto
     from planner.capacity_report import capacity_table, save_capacity_png
+    from planner.outputs import write_file_atomic
 
     if args.plot:
-        _write_png_atomic(args.plot, lambda p: save_capacity_png(p, points, dims[0], series, title, deadline, budget,
+        write_file_atomic(args.plot, lambda p: save_capacity_png(p, points, dims[0], series, title, deadline, budget,
                                                                  decision.best))
     if args.json:
         front = pareto(points)
@@ -642,7 +680,7 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
 
 
 def cmd_capacity(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan capacity", description="Time, cost and goodput to train a model; "
+    ap = _Parser(prog="plan capacity", description="Time, cost and goodput to train a model; "
                                  "with --deadline or --budget, the cluster size and GPU type that meet it.")
     _capacity_args(ap)
     ap.add_argument("--cluster", required=True, nargs="+", help="cluster YAML(s); several = several GPU types")
@@ -650,14 +688,15 @@ def cmd_capacity(argv: list[str]) -> int:
     ap.add_argument("--budget", default=None, help="cost ceiling, e.g. $10M, 800k")
     ap.add_argument("--gpus", default=None, help="GPU counts to try, e.g. 256,512,1024 (default with a target: "
                                                  "powers of two of whole nodes up to 16,384)")
-    ap.add_argument("--min-gpus", type=int, default=None)
-    ap.add_argument("--max-gpus", type=int, default=None)
+    ap.add_argument("--min-gpus", type=_count, default=None)
+    ap.add_argument("--max-gpus", type=_count, default=None)
     args = ap.parse_args(argv)
     from costmodel.profiles import load_cluster
     from planner.capacity import (REFINE_STEPS, Scenario, capacity_scenarios, decide, parse_duration, parse_money,
                                   parse_vary, refine_sizes)
 
     model, comp, a = _capacity_inputs(args)
+    _check_file_target(args.plot)
     if len(set(args.cluster)) != len(args.cluster):
         raise InputError(f"--cluster: a file is given twice ({' '.join(args.cluster)})")
     clusters = [load_cluster(c) for c in args.cluster]
@@ -684,7 +723,7 @@ def cmd_capacity(argv: list[str]) -> int:
 
 
 def cmd_whatif(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan whatif", description="Re-plan a model on a cluster while one or two "
+    ap = _Parser(prog="plan whatif", description="Re-plan a model on a cluster while one or two "
                                  "quantities vary: gpus, gpu, bandwidth, seq_len, global_batch, precision, compression.")
     _capacity_args(ap)
     ap.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
@@ -695,6 +734,7 @@ def cmd_whatif(argv: list[str]) -> int:
     from planner.capacity import Scenario, decide, parse_vary, whatif_scenarios
 
     model, comp, a = _capacity_inputs(args)
+    _check_file_target(args.plot)
     if len(args.vary) > 2:
         raise InputError(f"--vary given {len(args.vary)} times: at most two quantities (x axis and series)")
     cluster = load_cluster(args.cluster)
@@ -709,17 +749,17 @@ def cmd_whatif(argv: list[str]) -> int:
 
 
 def cmd_profile(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan profile", description="Measure this machine (GEMMs, memory bandwidth, "
+    ap = _Parser(prog="plan profile", description="Measure this machine (GEMMs, memory bandwidth, "
                                  "collectives) into a hardware profile and a one-node cluster, or import nccl-tests logs.")
     ap.add_argument("--out", help="profile YAML to write, e.g. hardware_profiles/NAME.yaml")
     ap.add_argument("--cluster-out", help="one-node cluster YAML to write (default: OUT-cluster.yaml beside the profile)")
     ap.add_argument("--name", help="profile name (default: the file stem of --out)")
-    ap.add_argument("--world-size", type=int, default=None, help="worker processes (default: the GPUs, else 2)")
+    ap.add_argument("--world-size", type=_count, default=None, help="worker processes (default: the GPUs, else 2)")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA, else gloo")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=_count, default=None,
                     help="torch threads per CPU process (default: $PLAN_EXECUTOR_THREADS or 1, as the executor trains)")
     ap.add_argument("--quick", action="store_true", help="a few shapes and sizes (smoke checks, tests)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="fail after this many seconds (default 900)")
+    ap.add_argument("--timeout", type=_positive, default=900.0, help="fail after this many seconds (default 900)")
     ap.add_argument("--import-nccl-tests", nargs="+", metavar="LOG", help="nccl-tests output to take the busbw curves from")
     ap.add_argument("--into", metavar="P.yaml", help="add the imported curves to this existing profile")
     ap.add_argument("--base", metavar="PROFILE", help="with --import-nccl-tests --out: copy this profile's other numbers "
@@ -750,6 +790,7 @@ def cmd_profile(argv: list[str]) -> int:
     else:
         if args.base:
             pb.base_collectives(args.base)   # an unknown base fails here, before the progress bar
+        _need_executor("profile", ("torch",))
         cfg = default_config(args.world_size, args.quick, args.backend, args.threads,
                              collectives=not (args.import_nccl_tests or args.base), timeout_s=args.timeout)
         try:
@@ -769,6 +810,21 @@ def cmd_profile(argv: list[str]) -> int:
         con.print(t)
     con.print(headline(s))
     return 0
+
+
+def _need_executor(command: str, modules: tuple[str, ...] = ("torch", "megatron.core")) -> None:
+    """The executor's commands need the executor extra; without it, one line saying what to install."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name.split(".")[0].replace("megatron", "megatron-core"))
+    if missing:
+        raise InputError(f"plan {command} needs the executor extra ({' and '.join(missing)} not installed): "
+                         f'pip install -e ".[executor]"')
 
 
 def _with_steps(run, total: int, first: str, quiet: bool):
@@ -792,16 +848,17 @@ def _train_args(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan run", description="Train with a plan on megatron-core (torchrun on this "
+    ap = _Parser(prog="plan run", description="Train with a plan on megatron-core (torchrun on this "
                                  "machine: one process per GPU, or per rank on CPU with gloo) and record every step.")
     ap.add_argument("plan", help="plan.json written by `plan --out DIR`")
     ap.add_argument("--run-dir", required=True, help="metrics.jsonl, summary.json, checkpoints/ and launch.log go here")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps; a rerun resumes from the last")
-    ap.add_argument("--timeout", type=float, default=None, help="stop the workers after this many seconds")
+    ap.add_argument("--steps", type=_count0, default=20)
+    ap.add_argument("--checkpoint-every", type=_count0, default=0, help="save every N steps; a rerun resumes from the last")
+    ap.add_argument("--timeout", type=_positive, default=None, help="stop the workers after this many seconds")
     ap.add_argument("--json", action="store_true")
     _train_args(ap)
     args = ap.parse_args(argv)
+    _need_executor("run")
     from executor.launch import LaunchError, launch
 
     try:
@@ -821,7 +878,7 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_calibrate(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan calibrate", description="Fit a hardware profile's efficiency factors "
+    ap = _Parser(prog="plan calibrate", description="Fit a hardware profile's efficiency factors "
                                  "to measured executor runs (scipy least squares) and write a calibrated copy.")
     ap.add_argument("--measurements", nargs="+", required=True, help="run directories or their metrics.jsonl")
     ap.add_argument("--profile", required=True, help="profile YAML (or a shipped GPU name) to calibrate")
@@ -844,18 +901,19 @@ def cmd_calibrate(argv: list[str]) -> int:
 
 
 def cmd_autotune(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="plan autotune", description="Plan, run the top plans for a few steps, "
+    ap = _Parser(prog="plan autotune", description="Plan, run the top plans for a few steps, "
                                  "calibrate on the measurements, re-plan, and launch the best measured plan.")
     _common(ap)
-    ap.add_argument("--trial-steps", type=int, default=4, help="steps per trial run (the first is warm-up)")
-    ap.add_argument("--top-k", type=int, default=4, help="plans to try")
-    ap.add_argument("--steps", type=int, default=20, help="steps of the full run of the winner (0: no full run)")
+    ap.add_argument("--trial-steps", type=_count, default=4, help="steps per trial run (the first is warm-up)")
+    ap.add_argument("--top-k", type=_count, default=4, help="plans to try")
+    ap.add_argument("--steps", type=_count0, default=20, help="steps of the full run of the winner (0: no full run)")
     ap.add_argument("--run-dir", default="runs/autotune")
     ap.add_argument("--profile", default=None, help="hardware profile to start from (default: the cluster's)")
-    ap.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial is stopped and "
+    ap.add_argument("--trial-timeout", type=_positive, default=900.0, help="seconds before a trial is stopped and "
                                                                         "counted as failed (default 900)")
     _train_args(ap)
     args = ap.parse_args(argv)
+    _need_executor("autotune")
     from costmodel.profiles import load_profile
     from executor.autotune import autotune, result_json
     from executor.report import autotune_table
@@ -905,9 +963,9 @@ def _dispatch(argv: list[str] | None) -> int:
         print(f"plan: error: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:
-        e = exc.errors()[0]
-        loc = ".".join(str(x) for x in e["loc"]) or exc.title
-        print(f"plan: error: {exc.title} field '{loc}': {e['msg']}", file=sys.stderr)
+        from costmodel.profiles import validation_line
+
+        print(f"plan: error: {exc.title} {validation_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from costmodel.profiles import InputError
@@ -42,6 +43,9 @@ __all__ = [
     "parse_megatron_args",
     "sbatch_script",
     "transformer_engine_runs",
+    "check_target",
+    "write_file_atomic",
+    "write_files_atomic",
     "write_outputs",
 ]
 
@@ -1025,27 +1029,99 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(obj.model_dump_json())
 
 
-def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                  estimate: StepEstimate | None, *, layout: str | None = None,
-                  extra: dict[str, Any] | None = None) -> list[Path]:
-    """Write plan.json, megatron_args.txt, launch.sh (executable) and launch.sbatch into ``out_dir``.
+Writer = Callable[[Path], None] | str
+"""A file's content: text, or a function that writes the file at the path it is given."""
 
-    Everything is rendered first and written into a temporary directory next to ``out_dir``, which
-    is then renamed into place, so a failure leaves nothing half-written. When ``out_dir`` already
-    exists, each file is moved in with an atomic replace. ``extra`` adds top-level keys to plan.json.
-    Returns the paths of the four files.
-    """
-    out = Path(out_dir)
-    parent = out.parent
-    if not parent.is_dir():
-        raise InputError(f"{out}: parent directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{out}: parent directory {parent} is not writable")
+
+def write_files_atomic(directory: str | os.PathLike, files: dict[str, Writer], *, executable: tuple[str, ...] = (),
+                       create: bool = False) -> list[Path]:
+    """Write ``files`` (name -> content) into ``directory``: each to a temporary file in that directory
+    (so every rename stays on one filesystem), synced, then all renamed into place. A failure before the
+    renames leaves the directory as it was (and removes it when ``create`` made it); errors are one-line
+    InputErrors naming the path. The project's only writer of user-facing output files."""
+    out = Path(directory)
+    what = check_target(out, tuple(files), create=create)
+    umask = os.umask(0)
+    os.umask(umask)
+    made = done = False
+    temps: dict[str, Path] = {}
+    try:
+        if not out.is_dir():
+            out.mkdir(mode=0o777)
+            made = True
+        for name, content in files.items():
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.tmp-", suffix=Path(name).suffix)
+            temps[name] = Path(tmp)
+            if callable(content):
+                os.close(fd)
+                content(temps[name])
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            else:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(content)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            mode = 0o666 & ~umask
+            if name in executable:
+                mode |= 0o111 & ~umask
+            os.chmod(tmp, mode)
+        for name, tmp in temps.items():
+            os.replace(tmp, out / name)
+        done = True
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if not done:
+            for tmp in temps.values():
+                tmp.unlink(missing_ok=True)
+            if made:
+                shutil.rmtree(out, ignore_errors=True)
+    return [out / name for name in files]
+
+
+def check_target(directory: str | os.PathLike, names: tuple[str, ...], *, create: bool = False) -> str:
+    """Refuse, as a one-line InputError, a destination :func:`write_files_atomic` could not write: a file
+    where the directory should be, a missing directory (or parent, with ``create``), a directory where a
+    file should be, a directory no temporary file can be made in. Returns the path to name in errors.
+    Commands call it before long work, so that a bad ``--out`` / ``--json`` / ``--plot`` fails at once."""
+    out = Path(directory)
+    what = f"{out}" if create else f"{out / names[0]}"
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory")
-    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
-        raise InputError(f"{out}: directory is not writable")
+    if not out.is_dir() and (not create or not out.parent.is_dir()):
+        raise InputError(f"{what}: directory {out if not create else out.parent} does not exist")
+    for name in names:
+        if (out / name).is_dir():
+            raise InputError(f"{out / name}: is a directory; give a file name")
+    parent = out if out.is_dir() else out.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: directory {parent} is not writable")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".probe.tmp-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write in {parent} ({exc.strerror or exc})") from None
+    return what
 
+
+def write_file_atomic(path: str | os.PathLike, content: Writer) -> Path:
+    """One file written by :func:`write_files_atomic` (its directory must exist)."""
+    p = Path(path)
+    return write_files_atomic(p.parent, {p.name: content})[0]
+
+
+def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                  estimate: StepEstimate | None, *, layout: str | None = None,
+                  extra: dict[str, Any] | None = None, figures: dict[str, Writer] | None = None) -> list[Path]:
+    """Write plan.json, megatron_args.txt, launch.sh (executable) and launch.sbatch into ``out_dir``, and
+    ``figures`` (name -> a function drawing the file at a path, e.g. report.png).
+
+    Everything is rendered first, then written by :func:`write_files_atomic` (temporary files in
+    ``out_dir``, renamed into place), so a failure leaves nothing half-written. ``extra`` adds top-level
+    keys to plan.json. Returns the paths of the four files.
+    """
     args = megatron_args(model, plan, layout=layout, transformer_engine=transformer_engine_runs(cluster))
     data: dict[str, Any] = {"model": _jsonable(model), "cluster": _jsonable(cluster), "plan": _jsonable(plan),
                             "estimate": _jsonable(estimate)}
@@ -1055,47 +1131,12 @@ def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: Cluster
         if key in data:
             raise ValueError(f"extra key {key!r} would overwrite plan.json's {key!r}")
         data[key] = value
-    contents = {
+    contents: dict[str, Writer] = {
         "plan.json": json.dumps(data, indent=1, allow_nan=False) + "\n",
         "megatron_args.txt": "\n".join(args) + "\n",
         "launch.sh": launch_script(model, cluster, plan, args),
         "launch.sbatch": sbatch_script(model, cluster, plan, args),
+        **(figures or {}),
     }
-
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name or 'out'}.tmp-"))
-    except OSError as exc:
-        raise InputError(f"{out}: cannot write in {parent} ({exc.strerror or exc})") from None
-    try:
-        for name, text in contents.items():
-            path = tmp / name
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            mode = 0o666 & ~umask
-            if name == "launch.sh":
-                mode |= 0o111 & ~umask
-            os.chmod(path, mode)
-        moved = False
-        if not out.exists():
-            os.chmod(tmp, 0o777 & ~umask)
-            try:
-                os.rename(tmp, out)  # atomic: the directory appears complete or not at all
-                moved = True
-            except OSError:
-                if not out.is_dir():  # someone else created it meanwhile: fall back to per-file replace
-                    raise
-        if not moved:
-            for name in contents:
-                os.replace(tmp / name, out / name)
-            tmp.rmdir()
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"{out}: cannot write ({exc.strerror or exc})") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return [out / name for name in OUTPUT_FILES]
+    write_files_atomic(out_dir, contents, executable=("launch.sh",), create=True)
+    return [Path(out_dir) / name for name in OUTPUT_FILES]

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from costmodel.estimate import PlanArrays
-from costmodel.profiles import InputError
+from costmodel.profiles import InputError, parse_yaml, read_text
 from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_drop_none, estimate_routed,
                                expert_fractions, expert_load, row_factors, top_share)
 from costmodel.rules import valid_mask
@@ -37,22 +36,19 @@ MAX_ETP = 8
 
 
 def _read(path: Path):
-    text = path.read_text()
+    text = read_text(path, "routing histogram")
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise InputError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', exc)})") from None
+        return parse_yaml(text, path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         if path.suffix.lower() == ".json":
             raise InputError(f"{path}: line {exc.lineno} malformed JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return parse_yaml(text, path)
+    except InputError:
         raise InputError(f"{path}: neither JSON nor YAML") from None
 
 

@@ -4,6 +4,7 @@ profile loads and prices a plan, and failures that fail rather than hang."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import re
 import shutil
@@ -32,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 H100_LOG = ROOT / "data" / "validation" / "nccl-tests" / "h100x8_all_reduce_perf.txt"
 PAIR_LOG = ROOT / "tests" / "data" / "nccl-tests" / "h100_2nodes_x2_alltoall_sendrecv_perf.txt"
 GIB = 2**30
+# The planner installs without torch (pip install -e ".[dev]"); measuring needs the executor extra.
+NO_TORCH = 'needs torch: pip install -e ".[executor]"'
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason=NO_TORCH)
 
 
 def run_cli(capsys, argv):
@@ -193,7 +197,7 @@ def test_merge_replaces_by_collective_scope_and_group_size():
     (["profile", "--import-nccl-tests", str(H100_LOG), "--base", "H100", "--out", "{tmp}/p.txt"], ["p.txt", ".yaml"]),
     (["profile", "--import-nccl-tests", str(H100_LOG), "--base", "H100", "--out", "{tmp}/no/p.yaml"],
      ["does not exist"]),
-    (["profile", "--out", "{tmp}/p.yaml", "--world-size", "1"], ["--world-size 1"]),
+    pytest.param(["profile", "--out", "{tmp}/p.yaml", "--world-size", "1"], ["--world-size 1"], marks=needs_torch),
 ])
 def test_bad_profile_arguments(capsys, tmp_path, argv, needles):
     rc, _, err = run_cli(capsys, [a.replace("{tmp}", str(tmp_path)) for a in argv])
@@ -262,6 +266,7 @@ def test_measured_gemms_with_imported_collectives():
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """`plan profile --quick` at world size 2, run as a user would (a fresh process)."""
+    pytest.importorskip("torch", reason=NO_TORCH)
     d = tmp_path_factory.mktemp("profile")
     out = d / "cpu-ws2.yaml"
     started = time.perf_counter()
@@ -332,6 +337,7 @@ def test_measured_cluster_prices_a_plan(measured, capsys, monkeypatch, tmp_path)
 
 
 # ---- failures fail, and say which worker --------------------------------------------------------
+@needs_torch
 def test_a_dying_worker_fails_the_launch_with_its_error():
     started = time.perf_counter()
     with pytest.raises(ProfileError, match=r"worker 1 failed: ValueError: rank one cannot go on"):
@@ -339,6 +345,7 @@ def test_a_dying_worker_fails_the_launch_with_its_error():
     assert time.perf_counter() - started < 40
 
 
+@needs_torch
 def test_a_hanging_worker_times_out():
     seen = []
     started = time.perf_counter()
@@ -348,6 +355,7 @@ def test_a_hanging_worker_times_out():
     assert time.perf_counter() - started < 30 and seen == ["rank 0 waiting"]
 
 
+@needs_torch
 def test_profile_error_is_one_line_exit_1(capsys, tmp_path):
     rc, _, err = run_cli(capsys, ["profile", "--out", tmp_path / "p.yaml", "--backend", "nccl", "--world-size", "4096"])
     lines = [ln for ln in err.splitlines() if ln.strip()]

@@ -273,9 +273,11 @@ def parse_yaml(text: str, path: str | Path):
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise InputError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', None) or exc})") from None
+        why = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise InputError(f"{path}:{where} malformed YAML ({why})") from None
     except (ValueError, OverflowError, RecursionError) as exc:   # e.g. a timestamp out of range
-        raise InputError(f"{path}: malformed YAML ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"{path}: malformed YAML ({why})") from None
 
 
 def _read_yaml(path: Path) -> dict:

@@ -44,6 +44,12 @@ def _no_bool(v):
     return v
 
 
+# Sizes beyond these overflow the cost model's int64/float64 arithmetic long before they mean a model:
+# 1e15 parameters is ~2,000x the largest model trained so far, 2**24 tokens 16x the longest context.
+MAX_PARAMS = 10**15
+MAX_SEQ_LEN = 2**24
+
+
 def _int(lo: int, hi: int = INT64_MAX):
     return Annotated[int, BeforeValidator(_no_bool), Field(ge=lo, le=hi)]
 
@@ -259,6 +265,14 @@ class ModelSpec(_Frozen):
             if self.moe_router_group_topk > self.moe_router_groups:
                 raise ValueError(f"moe_router_group_topk={self.moe_router_group_topk} exceeds "
                                  f"moe_router_groups={self.moe_router_groups}")
+        if self.seq_len > MAX_SEQ_LEN:
+            raise ValueError(f"seq_len={self.seq_len} is beyond the {MAX_SEQ_LEN:,} tokens the cost model takes")
+        width = max(self.ffn_hidden, self.expert_ffn * (self.num_experts + self.shared_experts))
+        attn = max(self.hidden, self.heads * (self.head_dim or 1), self.kv_head_count * (self.head_dim or 1))
+        params = self.layers * self.hidden * (4 * attn + 3 * width) + 2 * self.vocab * self.hidden
+        if params > MAX_PARAMS:
+            raise ValueError(f"about {float(params):.3g} parameters (layers, widths, experts and vocab): beyond the "
+                             f"{MAX_PARAMS:.0e} the cost model takes")
         if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"heads={self.heads} does not divide hidden={self.hidden}: give head_dim, or heads "
                              f"that divide hidden")

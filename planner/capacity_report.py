@@ -30,7 +30,9 @@ def _dur(s: float) -> str:
 
 def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], best: CapacityPoint | None = None) -> Table:
     t = Table(title=title, header_style="bold")
-    cols = [(d, "left") for d in dims if d != "gpus"] + [("GPUs", "right"), ("GPU", "left"), ("layout", "left"),
+    # gpus and gpu are always shown (as GPUs and GPU); other varied quantities get a column first.
+    dims = [d for d in dims if d not in ("gpus", "gpu")]
+    cols = [(d, "left") for d in dims] + [("GPUs", "right"), ("GPU", "left"), ("layout", "left"),
             ("tok/s/GPU", "right"), ("MFU", "right"), ("no-failure", "right"), ("MTBF", "right"),
             ("ckpt every", "right"), ("goodput", "right"), ("wall time", "right"), ("GPU-hours", "right"),
             ("cost", "right")]
@@ -40,7 +42,7 @@ def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], bes
     for name, just in cols:
         t.add_column(name, justify=just)
     for p in points:
-        head = [fmt_value(d, p.scenario.label(d)) for d in dims if d != "gpus"] + [str(p.gpus), p.gpu_type]
+        head = [fmt_value(d, p.scenario.label(d)) for d in dims] + [str(p.gpus), p.gpu_type]
         if not p.fits:
             t.add_row(*head, f"[red]{p.reason}[/red]", *[""] * (len(cols) - len(head) - 1))
             continue

@@ -666,7 +666,7 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
                              decision.best))
     colour = "green" if decision.met and decision.best else "red"
     con.print(f"[{colour}]{decision.message}[/{colour}]")
-    for gpu, p in decision.smallest_by_gpu.items():
+    for gpu, p in decision.smallest_by_gpu.items() if deadline or budget else ():
         if len(decision.smallest_by_gpu) > 1:
             con.print(f"  smallest {gpu} cluster meeting it: {p.gpus} GPUs, {p.wall_time_s / 86400:.1f} d")
     f, c = a.failures, a.checkpoint
@@ -814,13 +814,15 @@ def cmd_profile(argv: list[str]) -> int:
 
 def _need_executor(command: str, modules: tuple[str, ...] = ("torch", "megatron.core")) -> None:
     """The executor's commands need the executor extra; without it, one line saying what to install."""
-    import importlib
+    from importlib.util import find_spec
 
     missing = []
     for name in modules:
         try:
-            importlib.import_module(name)
-        except ImportError:
+            found = find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             missing.append(name.split(".")[0].replace("megatron", "megatron-core"))
     if missing:
         raise InputError(f"plan {command} needs the executor extra ({' and '.join(missing)} not installed): "

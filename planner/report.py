@@ -58,11 +58,17 @@ def layout(p: dict) -> str:
     return " ".join(parts)
 
 
+PLAN_LEGEND = ("compute / bubble / exposed comm: seconds per step (exposed = not hidden behind compute); headroom: "
+               "usable memory (HBM x usable fraction) left at the peak stage; fsdp: Megatron-FSDP (ZeRO-3), else the "
+               "distributed optimizer (ZeRO-1)")
+
+
 def ranked_table(rows: list[dict], title: str) -> Table:
-    t = Table(title=title, header_style="bold")
+    t = Table(title=title, header_style="bold", caption=PLAN_LEGEND, caption_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("mbs", "right"), ("recompute", "left"),
                       ("step s", "right"), ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GB", "right"),
-                      ("headroom", "right"), ("compute", "right"), ("bubble", "right"), ("exposed comm", "right")):
+                      ("headroom", "right"), ("compute s", "right"), ("bubble s", "right"),
+                      ("exposed comm s", "right")):
         t.add_column(col, justify=just, no_wrap=col in ("layout", "recompute"))
     for r in rows:
         p, b = r["plan"], r["breakdown_s"]

@@ -275,8 +275,6 @@ def test_whatif_two_dimensions_json_and_plot(capsys, tmp_path):
     (["capacity", "--model", "70b", "--tokens", "15X", "--cluster", "h100x512"], ["--tokens", "15T"]),
     (["capacity", "--model", "70b", "--cluster", "h100x512", "--deadline", "soon"], ["--deadline", "30d"]),
     (["capacity", "--model", "70b", "--cluster", "h100x512", "--budget", "lots"], ["--budget", "$2.5M"]),
-    (["capacity", "--model", "70b", "--cluster", "h200x256", "--budget", "$1M"],
-     ["h200x256", "price_per_gpu_hour_usd"]),
     (["capacity", "--model", "70b", "--cluster", "h100x512", "--gpus", "100"], ["gpus=100", "multiples of 8"]),
     (["whatif", "--model", "70b", "--cluster", "h100x512", "--vary", "colour=red"], ["colour", "valid"]),
     (["whatif", "--model", "70b", "--cluster", "h100x512"], ["--vary"]),
@@ -287,6 +285,27 @@ def test_whatif_two_dimensions_json_and_plot(capsys, tmp_path):
 def test_bad_values_one_line_exit_2(capsys, argv, needles):
     rc, _, err = run_cli(capsys, argv)
     assert_one_line_error(rc, err, *needles)
+
+
+def test_budget_needs_a_price(capsys, tmp_path):
+    """Every shipped cluster has an (illustrative) price; a file without one cannot answer --budget."""
+    from costmodel.profiles import PROFILE_DIR
+
+    text = (PROFILE_DIR / "clusters" / "h200x256.yaml").read_text()
+    unpriced = tmp_path / "unpriced.yaml"
+    unpriced.write_text("\n".join(ln for ln in text.splitlines() if not ln.startswith("price_per_gpu_hour_usd")))
+    rc, _, err = run_cli(capsys, ["capacity", "--model", "70b", "--cluster", unpriced, "--budget", "$1M"])
+    assert_one_line_error(rc, err, "unpriced", "price_per_gpu_hour_usd")
+
+
+def test_every_shipped_cluster_has_an_illustrative_price():
+    from costmodel.profiles import PROFILE_DIR, load_cluster
+
+    for path in sorted((PROFILE_DIR / "clusters").glob("*.yaml")):
+        c = load_cluster(path)
+        prices = [g.price_per_gpu_hour_usd for g in c.device_groups] or [c.price_per_gpu_hour_usd]
+        assert all(p is not None and 0.5 < p < 20 for p in prices), path.name
+        assert "Illustrative on-demand price" in path.read_text(), path.name
 
 
 def test_main_lists_the_subcommands():

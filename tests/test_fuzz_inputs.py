@@ -1,0 +1,308 @@
+"""Property-based tests of the readers of user files: the cluster loader, the Hugging Face import, the
+validation CSV reader, the routing-histogram reader and the plan.json reader. Whatever the file holds, the
+reader returns a spec or raises the project's own one-line InputError (the CLI's exit 2) -- never another
+exception. A spec that loads is then used (a rule check and an estimate, or a validation run), which must not
+raise anything else either.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from costmodel.catalog import get_model
+from costmodel.estimate import estimate
+from costmodel.profiles import InputError, load_cluster
+from costmodel.rules import check_plan
+from costmodel.specs import ModelSpec, ParallelPlan
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+# Values of every kind a hand-edited file might hold where a number belongs.
+scalars = st.one_of(
+    st.integers(min_value=-2**70, max_value=2**70),
+    st.sampled_from([0, 1, 2, 3, 7, 8, 64, 72, 2**31, 2**62, 2**63, 2**64, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e-30, 1e30, 0.5, 4.0, 50e9, float("inf"), float("nan")]),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+)
+values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=4), scalars, max_size=2))
+raw_bytes = st.one_of(st.binary(max_size=300), st.text(max_size=200).map(lambda t: t.encode("utf-16")))
+
+
+def _one_line(exc: InputError) -> None:
+    msg = str(exc)
+    assert msg and "\n" not in msg and len(msg) < 1000, msg
+
+
+def _write(d: Path, name: str, content: str | bytes) -> Path:
+    p = d / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    (p.write_bytes if isinstance(content, bytes) else p.write_text)(content)
+    return p
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+_COUNTER = iter(range(10**9))
+
+
+def _fresh(workdir: Path) -> Path:
+    d = workdir / str(next(_COUNTER))
+    d.mkdir()
+    return d
+
+
+# Cluster YAML ------------------------------------------------------------------------------------
+
+BASE_CLUSTER = {"gpu": "H100", "nodes": 4, "gpus_per_node": 8, "nvlink_domain_gpus": 8,
+                "inter_node": {"nic_bandwidth_bytes_per_s": 50e9, "rails": 8, "latency_s": 5e-6,
+                               "oversubscription": 1.0},
+                "intra_node": {"bandwidth_bytes_per_s": 450e9},
+                "price_per_gpu_hour_usd": 2.5, "storage_bandwidth_bytes_per_s": 100e9}
+CLUSTER_FIELDS = ["gpu", "nodes", "gpus_per_node", "nvlink_domain_gpus", "inter_node.nic_bandwidth_bytes_per_s",
+                  "inter_node.rails", "inter_node.latency_s", "inter_node.oversubscription",
+                  "intra_node.bandwidth_bytes_per_s", "price_per_gpu_hour_usd", "storage_bandwidth_bytes_per_s",
+                  "topology", "device_groups"]
+SMALL = ModelSpec(name="fuzz", layers=4, hidden=256, ffn_hidden=1024, heads=4, vocab=1000, seq_len=128)
+
+
+def _mutate(base: dict, edits: list[tuple[str, object]]) -> dict:
+    data = json.loads(json.dumps(base))
+    for field, value in edits:
+        *path, last = field.split(".")
+        node = data
+        for k in path:
+            node = node.setdefault(k, {}) if isinstance(node.get(k), dict) else node
+        if isinstance(node, dict):
+            node[last] = value
+    return data
+
+
+def _use_cluster(cluster) -> None:
+    """A cluster that loads must price a plain data-parallel plan without a foreign exception."""
+    n = cluster.num_gpus
+    if cluster.device_groups or n > 2**20:
+        return
+    plan = ParallelPlan(dp=n, global_batch=n)
+    try:
+        check_plan(SMALL, plan, n)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    est = estimate(SMALL, cluster, plan)
+    assert math.isfinite(est.step_time_s) and est.step_time_s > 0
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(CLUSTER_FIELDS), values), min_size=1, max_size=4),
+       duplicate=st.booleans())
+def test_cluster_loader_fields(workdir, edits, duplicate):
+    text = yaml.safe_dump(_mutate(BASE_CLUSTER, edits), sort_keys=False)
+    if duplicate:
+        text += f"nodes: {edits[0][1] if isinstance(edits[0][1], int) else 2}\n"
+    p = _write(_fresh(workdir), "c.yaml", text)
+    try:
+        cluster = load_cluster(p)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    assert not duplicate, "a duplicate key was accepted"
+    _use_cluster(cluster)
+
+
+@FUZZ
+@given(content=st.one_of(raw_bytes, st.text(max_size=300)))
+def test_cluster_loader_any_text(workdir, content):
+    p = _write(_fresh(workdir), "c.yaml", content)
+    try:
+        cluster = load_cluster(p)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    _use_cluster(cluster)
+
+
+# Hugging Face config.json -------------------------------------------------------------------------
+
+LLAMA = json.loads((ROOT / "examples" / "configs" / "llama3-8b" / "config.json").read_text())
+MOE = {**LLAMA, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+       "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 2048}
+HF_FIELDS = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "num_experts",
+             "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "mlp_only_layers",
+             "first_k_dense_replace", "num_nextn_predict_layers", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+             "v_head_dim", "decoder_sparse_step", "text_config", "model_type", "hidden_act"]
+
+
+def _use_model(model: ModelSpec) -> None:
+    from costmodel.profiles import load_cluster as lc
+
+    cluster = lc("h100x512")
+    plan = ParallelPlan(dp=512, global_batch=512)
+    try:
+        check_plan(model, plan, 512)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    est = estimate(model, cluster, plan)
+    assert est.step_time_s > 0
+
+
+@FUZZ
+@given(base=st.sampled_from([LLAMA, MOE]),
+       edits=st.lists(st.tuples(st.sampled_from(HF_FIELDS), values), min_size=1, max_size=4))
+def test_hf_import_fields(workdir, base, edits):
+    data = {**base, **dict(edits)}
+    p = _write(_fresh(workdir), "m/config.json", json.dumps(data))
+    try:
+        model = get_model(str(p))
+    except InputError as exc:
+        _one_line(exc)
+        return
+    _use_model(model)
+
+
+@FUZZ
+@given(content=st.one_of(raw_bytes, st.text(max_size=300), st.recursive(scalars, lambda c: st.lists(c, max_size=3)
+                                                                         | st.dictionaries(st.text(max_size=5), c,
+                                                                                           max_size=3)).map(json.dumps)))
+def test_hf_import_any_text(workdir, content):
+    p = _write(_fresh(workdir), "m/config.json", content)
+    try:
+        model = get_model(str(p))
+    except InputError as exc:
+        _one_line(exc)
+        return
+    _use_model(model)
+
+
+# Validation CSV ---------------------------------------------------------------------------------
+
+with (ROOT / "data" / "validation" / "published_runs.csv").open(newline="") as _fh:
+    _reader = csv.DictReader(_fh)
+    CSV_COLUMNS = list(_reader.fieldnames)
+    GOOD_ROW = next(r for r in _reader if r["source_id"] == "KORTHIKANTI2022" and r["scored"] == "true")
+NUMERIC = ["layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len", "moe_experts", "moe_topk",
+           "num_gpus", "gpus_per_node", "tp", "pp", "vp", "cp", "ep", "dp", "global_batch", "micro_batch",
+           "step_time_s", "gpu_type", "precision", "recompute", "scored"]
+cells = st.one_of(st.text(max_size=6), scalars.map(str), st.sampled_from(["", "0", "-1", "nan", "inf", "1e400",
+                                                                           "4.5", "unknown", "true", "  8 "]))
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(NUMERIC), cells), min_size=1, max_size=4),
+       drop=st.lists(st.sampled_from(CSV_COLUMNS), max_size=2))
+def test_csv_reader(workdir, edits, drop):
+    from costmodel.validate import validate
+
+    cols = [c for c in CSV_COLUMNS if c not in drop]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    w.writerow({**GOOD_ROW, **dict(edits)})
+    p = _write(_fresh(workdir), "runs.csv", buf.getvalue())
+    try:
+        result = validate(p)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    overall = result["summary"]["overall"]
+    assert overall["predicted"] >= 1 and math.isfinite(overall["mape"]), overall
+
+
+@FUZZ
+@given(content=st.one_of(raw_bytes, st.text(max_size=300)))
+def test_csv_reader_any_text(workdir, content):
+    from costmodel.validate import validate
+
+    p = _write(_fresh(workdir), "runs.csv", content)
+    try:
+        result = validate(p)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    assert math.isfinite(result["summary"]["overall"]["mape"])
+
+
+# Routing histogram ------------------------------------------------------------------------------
+
+QWEN = get_model("qwen3-30b-a3b")
+histograms = st.one_of(
+    st.lists(st.lists(scalars, min_size=0, max_size=130), max_size=3),
+    st.lists(st.integers(0, 2**70), min_size=QWEN.num_experts, max_size=QWEN.num_experts),
+    st.lists(st.floats(0, 1e308), min_size=QWEN.num_experts, max_size=QWEN.num_experts).map(lambda r: [r]),
+    values,
+)
+
+
+@FUZZ
+@given(hist=histograms, wrap=st.booleans(), suffix=st.sampled_from([".json", ".yaml", ".txt"]),
+       raw=st.one_of(st.none(), raw_bytes))
+def test_routing_reader(workdir, hist, wrap, suffix, raw):
+    from planner.routing import load_routing
+
+    body = {"moe_routing_histogram": hist} if wrap else hist
+    content = raw if raw is not None else (json.dumps(body) if suffix != ".yaml" else yaml.safe_dump(body))
+    p = _write(_fresh(workdir), f"summary{suffix}", content)
+    try:
+        routing = load_routing(str(p), QWEN)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    load = routing.load(8)
+    assert math.isfinite(load.time_factor) and load.time_factor >= 1 - 1e-9
+
+
+# plan.json --------------------------------------------------------------------------------------
+
+TINY = get_model("tiny-gpt")
+GOOD_PLAN = {"model": json.loads(TINY.model_dump_json()), "cluster": {},
+             "plan": json.loads(ParallelPlan(global_batch=8).model_dump_json())}
+PLAN_FIELDS = [f"plan.{k}" for k in ParallelPlan.model_fields] + [f"model.{k}" for k in ModelSpec.model_fields] + [
+    "model", "plan"]
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(PLAN_FIELDS), values), max_size=3),
+       drop=st.lists(st.sampled_from(PLAN_FIELDS), max_size=2),
+       raw=st.one_of(st.none(), raw_bytes, st.text(max_size=50), values.map(json.dumps)))
+def test_plan_json_reader(workdir, edits, drop, raw):
+    from executor.launch import REQUIRED_PLAN_FIELDS, read_plan
+
+    data = _mutate(GOOD_PLAN, edits)
+    for field in drop:
+        section, _, key = field.partition(".")
+        if key and isinstance(data.get(section), dict):
+            data[section].pop(key, None)
+        elif not key:
+            data.pop(section, None)
+    p = _write(_fresh(workdir), "plan.json", raw if raw is not None else json.dumps(data))
+    try:
+        model, plan = read_plan(p)
+    except InputError as exc:
+        _one_line(exc)
+        return
+    assert raw is None or isinstance(json.loads(raw), dict)
+    stated = data["plan"] if raw is None else json.loads(raw)["plan"]
+    assert all(k in stated for k in REQUIRED_PLAN_FIELDS)
+    assert plan.tp == stated["tp"] and plan.global_batch == stated["global_batch"]

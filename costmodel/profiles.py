@@ -35,8 +35,8 @@ class _Frozen(BaseModel):
 class Sourced(_Frozen):
     """A number with the id of its source."""
 
-    value: float
-    """The number, in the unit its field name says."""
+    value: float = Field(allow_inf_nan=False)
+    """The number, in the unit its field name says (finite)."""
     source: str
     """Key into the profile's sources table."""
 

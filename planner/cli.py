@@ -424,6 +424,8 @@ def _check_cluster(cluster, group: str | None):
     from costmodel.hetero import group_clusters
 
     groups = group_clusters(cluster)
+    if group and group not in groups:
+        raise InputError(f"--group {group}: {cluster.name} has no device group {group!r}; valid: {', '.join(groups)}")
     if group not in groups:
         raise InputError(f"{cluster.name} has device groups ({', '.join(groups)}): plan check takes one with "
                          f"--group NAME, or use plan --cluster {cluster.name} to place stages on the groups")

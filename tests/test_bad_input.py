@@ -122,7 +122,8 @@ def _files() -> dict[str, str | bytes]:
     }
 
 
-M = ["--model", "70b", "--cluster", "h100x512"]
+C = ["--model", "70b", "--cluster"]
+M = [*C, "h100x512"]
 CHECK = ["check", *M, "--tp", "8", "--pp", "4"]
 CAP = ["capacity", "--model", "70b", "--tokens", "15T", "--cluster", "h100x512"]
 MOE = ["--model", "qwen3-30b-a3b", "--cluster", "h100x512"]
@@ -131,11 +132,11 @@ HF = ["--cluster", "h100x512", "--model"]
 # (label, argv with {d} for the files' directory, expected exit code)
 CASES: list[tuple[str, list[str], int]] = [
     # paths
-    ("cluster is a directory", ["--model", "70b", "--cluster", "{d}/adir"], 2),
-    ("cluster yaml is a list", ["--model", "70b", "--cluster", "{d}/list.yaml"], 2),
-    ("cluster yaml malformed", ["--model", "70b", "--cluster", "{d}/bad.yaml"], 2),
-    ("cluster utf-16", ["--model", "70b", "--cluster", "{d}/cluster_utf16.yaml"], 2),
-    ("cluster random bytes", ["--model", "70b", "--cluster", "{d}/cluster_bytes.yaml"], 2),
+    ("cluster is a directory", [*C, "{d}/adir"], 2),
+    ("cluster yaml is a list", [*C, "{d}/list.yaml"], 2),
+    ("cluster yaml malformed", [*C, "{d}/bad.yaml"], 2),
+    ("cluster utf-16", [*C, "{d}/cluster_utf16.yaml"], 2),
+    ("cluster random bytes", [*C, "{d}/cluster_bytes.yaml"], 2),
     ("validate a directory", ["validate", "{d}/adir"], 2),
     ("validate --json directory", ["validate", "{d}/good.csv", "--json", "{d}/adir"], 2),
     ("capacity --plot /proc", [*CAP, "--plot", "/proc/x.png"], 2),
@@ -173,22 +174,22 @@ CASES: list[tuple[str, list[str], int]] = [
     ("hf mlp_only_layers [0, 'a']", [*HF, "{d}/hf_mlponly/config.json"], 2),
     ("hf max_position_embeddings 1e400", [*HF, "{d}/hf_seq_float/config.json"], 2),
     ("hf vocab -5", [*HF, "{d}/hf_vocab_neg/config.json"], 2),
-    ("cluster nodes beyond int64", ["--model", "70b", "--cluster", "{d}/nodes_big.yaml"], 2),
-    ("cluster nodes -1", ["--model", "70b", "--cluster", "{d}/nodes_neg.yaml"], 2),
-    ("cluster rails beyond int64", ["--model", "70b", "--cluster", "{d}/rails_big.yaml"], 2),
+    ("cluster nodes beyond int64", [*C, "{d}/nodes_big.yaml"], 2),
+    ("cluster nodes -1", [*C, "{d}/nodes_neg.yaml"], 2),
+    ("cluster rails beyond int64", [*C, "{d}/rails_big.yaml"], 2),
     # files that load but describe something impossible
-    ("cluster duplicate key", ["--model", "70b", "--cluster", "{d}/dup.yaml"], 2),
-    ("cluster nodes: true", ["--model", "70b", "--cluster", "{d}/nodes_true.yaml"], 2),
-    ("cluster nodes: 4.5", ["--model", "70b", "--cluster", "{d}/nodes_float.yaml"], 2),
-    ("cluster gpus_per_node 1e6", ["--model", "70b", "--cluster", "{d}/gpn_huge.yaml"], 2),
-    ("cluster nvlink 3 of 8", ["--model", "70b", "--cluster", "{d}/nvl3.yaml"], 2),
-    ("cluster nvlink > cluster", ["--model", "70b", "--cluster", "{d}/nvl_big.yaml"], 2),
-    ("cluster nic .inf", ["--model", "70b", "--cluster", "{d}/nic_inf.yaml"], 2),
-    ("cluster nic 1e-30", ["--model", "70b", "--cluster", "{d}/nic_tiny.yaml"], 2),
-    ("cluster nic .nan", ["--model", "70b", "--cluster", "{d}/nic_nan.yaml"], 2),
-    ("cluster nic text", ["--model", "70b", "--cluster", "{d}/nic_text.yaml"], 2),
-    ("cluster price -1", ["--model", "70b", "--cluster", "{d}/price_neg.yaml"], 2),
-    ("cluster price .inf", ["--model", "70b", "--cluster", "{d}/price_inf.yaml"], 2),
+    ("cluster duplicate key", [*C, "{d}/dup.yaml"], 2),
+    ("cluster nodes: true", [*C, "{d}/nodes_true.yaml"], 2),
+    ("cluster nodes: 4.5", [*C, "{d}/nodes_float.yaml"], 2),
+    ("cluster gpus_per_node 1e6", [*C, "{d}/gpn_huge.yaml"], 2),
+    ("cluster nvlink 3 of 8", [*C, "{d}/nvl3.yaml"], 2),
+    ("cluster nvlink > cluster", [*C, "{d}/nvl_big.yaml"], 2),
+    ("cluster nic .inf", [*C, "{d}/nic_inf.yaml"], 2),
+    ("cluster nic 1e-30", [*C, "{d}/nic_tiny.yaml"], 2),
+    ("cluster nic .nan", [*C, "{d}/nic_nan.yaml"], 2),
+    ("cluster nic text", [*C, "{d}/nic_text.yaml"], 2),
+    ("cluster price -1", [*C, "{d}/price_neg.yaml"], 2),
+    ("cluster price .inf", [*C, "{d}/price_inf.yaml"], 2),
     # CSV reader
     ("validate header-only csv", ["validate", "{d}/header.csv"], 2),
     ("validate text in layers", ["validate", "{d}/text.csv"], 2),

@@ -50,6 +50,15 @@ def _one_line(exc: InputError) -> None:
     assert msg and "\n" not in msg and len(msg) < 1000, msg
 
 
+def _read(fn, *args):
+    """fn(*args), or None when it raises the project's one-line InputError (anything else fails the test)."""
+    try:
+        return fn(*args)
+    except InputError as exc:
+        _one_line(exc)
+        return None
+
+
 def _write(d: Path, name: str, content: str | bytes) -> Path:
     p = d / name
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -103,13 +112,17 @@ def _use_cluster(cluster) -> None:
     n = cluster.num_gpus
     if cluster.device_groups or n > 2**20:
         return
-    plan = ParallelPlan(dp=n, global_batch=n)
+    _price(SMALL, cluster, ParallelPlan(dp=n, global_batch=n))
+
+
+def _price(model: ModelSpec, cluster, plan: ParallelPlan) -> None:
+    """A plan the rules accept (a refusal must be one line) gets a finite, positive step time."""
     try:
-        check_plan(SMALL, plan, n)
+        check_plan(model, plan, cluster.num_gpus)
     except InputError as exc:
         _one_line(exc)
         return
-    est = estimate(SMALL, cluster, plan)
+    est = estimate(model, cluster, plan)
     assert math.isfinite(est.step_time_s) and est.step_time_s > 0
 
 
@@ -121,10 +134,8 @@ def test_cluster_loader_fields(workdir, edits, duplicate):
     if duplicate:
         text += f"nodes: {edits[0][1] if isinstance(edits[0][1], int) else 2}\n"
     p = _write(_fresh(workdir), "c.yaml", text)
-    try:
-        cluster = load_cluster(p)
-    except InputError as exc:
-        _one_line(exc)
+    cluster = _read(load_cluster, p)
+    if cluster is None:
         return
     assert not duplicate, "a duplicate key was accepted"
     _use_cluster(cluster)
@@ -134,10 +145,8 @@ def test_cluster_loader_fields(workdir, edits, duplicate):
 @given(content=st.one_of(raw_bytes, st.text(max_size=300)))
 def test_cluster_loader_any_text(workdir, content):
     p = _write(_fresh(workdir), "c.yaml", content)
-    try:
-        cluster = load_cluster(p)
-    except InputError as exc:
-        _one_line(exc)
+    cluster = _read(load_cluster, p)
+    if cluster is None:
         return
     _use_cluster(cluster)
 
@@ -157,15 +166,7 @@ HF_FIELDS = ["num_hidden_layers", "hidden_size", "intermediate_size", "num_atten
 def _use_model(model: ModelSpec) -> None:
     from costmodel.profiles import load_cluster as lc
 
-    cluster = lc("h100x512")
-    plan = ParallelPlan(dp=512, global_batch=512)
-    try:
-        check_plan(model, plan, 512)
-    except InputError as exc:
-        _one_line(exc)
-        return
-    est = estimate(model, cluster, plan)
-    assert est.step_time_s > 0
+    _price(model, lc("h100x512"), ParallelPlan(dp=512, global_batch=512))
 
 
 @FUZZ
@@ -174,10 +175,8 @@ def _use_model(model: ModelSpec) -> None:
 def test_hf_import_fields(workdir, base, edits):
     data = {**base, **dict(edits)}
     p = _write(_fresh(workdir), "m/config.json", json.dumps(data))
-    try:
-        model = get_model(str(p))
-    except InputError as exc:
-        _one_line(exc)
+    model = _read(get_model, str(p))
+    if model is None:
         return
     _use_model(model)
 
@@ -188,10 +187,8 @@ def test_hf_import_fields(workdir, base, edits):
                                                                                            max_size=3)).map(json.dumps)))
 def test_hf_import_any_text(workdir, content):
     p = _write(_fresh(workdir), "m/config.json", content)
-    try:
-        model = get_model(str(p))
-    except InputError as exc:
-        _one_line(exc)
+    model = _read(get_model, str(p))
+    if model is None:
         return
     _use_model(model)
 
@@ -221,10 +218,8 @@ def test_csv_reader(workdir, edits, drop):
     w.writeheader()
     w.writerow({**GOOD_ROW, **dict(edits)})
     p = _write(_fresh(workdir), "runs.csv", buf.getvalue())
-    try:
-        result = validate(p)
-    except InputError as exc:
-        _one_line(exc)
+    result = _read(validate, p)
+    if result is None:
         return
     overall = result["summary"]["overall"]
     assert overall["predicted"] >= 1 and math.isfinite(overall["mape"]), overall
@@ -236,10 +231,8 @@ def test_csv_reader_any_text(workdir, content):
     from costmodel.validate import validate
 
     p = _write(_fresh(workdir), "runs.csv", content)
-    try:
-        result = validate(p)
-    except InputError as exc:
-        _one_line(exc)
+    result = _read(validate, p)
+    if result is None:
         return
     assert math.isfinite(result["summary"]["overall"]["mape"])
 
@@ -264,10 +257,8 @@ def test_routing_reader(workdir, hist, wrap, suffix, raw):
     body = {"moe_routing_histogram": hist} if wrap else hist
     content = raw if raw is not None else (json.dumps(body) if suffix != ".yaml" else yaml.safe_dump(body))
     p = _write(_fresh(workdir), f"summary{suffix}", content)
-    try:
-        routing = load_routing(str(p), QWEN)
-    except InputError as exc:
-        _one_line(exc)
+    routing = _read(load_routing, str(p), QWEN)
+    if routing is None:
         return
     load = routing.load(8)
     assert math.isfinite(load.time_factor) and load.time_factor >= 1 - 1e-9
@@ -297,12 +288,34 @@ def test_plan_json_reader(workdir, edits, drop, raw):
         elif not key:
             data.pop(section, None)
     p = _write(_fresh(workdir), "plan.json", raw if raw is not None else json.dumps(data))
-    try:
-        model, plan = read_plan(p)
-    except InputError as exc:
-        _one_line(exc)
+    loaded = _read(read_plan, p)
+    if loaded is None:
         return
+    model, plan = loaded
     assert raw is None or isinstance(json.loads(raw), dict)
     stated = data["plan"] if raw is None else json.loads(raw)["plan"]
     assert all(k in stated for k in REQUIRED_PLAN_FIELDS)
     assert plan.tp == stated["tp"] and plan.global_batch == stated["global_batch"]
+
+
+# plan check arguments through the CLI --------------------------------------------------------------
+
+arg_values = st.one_of(st.integers(-3, 2**70).map(str), st.sampled_from(["0", "1", "2", "8", "-1", "1.5", "nan",
+                                                                          "inf", "", "x", str(2**63)]))
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_CLI_EXAMPLES", "100")), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(opts=st.dictionaries(st.sampled_from(["--tp", "--pp", "--vpp", "--cp", "--dp", "--ep", "--micro-batch",
+                                             "--global-batch", "--seq-len", "--recompute-layers"]),
+                            arg_values, min_size=1, max_size=3))
+def test_plan_check_arguments(capsys, opts):
+    from planner.cli import main
+
+    argv = ["check", "--model", "8b", "--cluster", "h100x512"] + [x for kv in opts.items() for x in kv]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc in (0, 1, 2), (argv, rc)
+    if rc == 2:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("plan: error:"), (argv, err)

@@ -862,8 +862,10 @@ def cmd_run(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true")
     _train_args(ap)
     args = ap.parse_args(argv)
+    from executor.launch import LaunchError, launch, read_plan
+
+    read_plan(args.plan)   # a bad plan file is the first thing to say, with or without torch
     _need_executor("run")
-    from executor.launch import LaunchError, launch
 
     try:
         res = launch(args.plan, args.run_dir, steps=args.steps, dtype=args.dtype, data=args.data,

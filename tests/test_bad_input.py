@@ -329,7 +329,7 @@ sys.meta_path[:] = [_Hide(f) if getattr(f, "__name__", "") == "PathFinder" else 
 
 
 @pytest.mark.parametrize("argv", [
-    ["run", "{d}/plan_no_tp.json", "--run-dir", "{d}/never"],
+    ["run", "{d}/plan.json", "--run-dir", "{d}/never"],
     ["profile", "--out", "{d}/p.yaml", "--quick"],
     ["autotune", "--model", "tiny-gpt", "--cluster", "h100x512", "--run-dir", "{d}/never"],
 ], ids=["run", "profile", "autotune"])
@@ -338,7 +338,7 @@ def test_executor_commands_without_torch_say_what_to_install(tmp_path, argv):
     import subprocess
 
     (tmp_path / "sitecustomize.py").write_text(HIDE_TORCH)
-    (tmp_path / "plan_no_tp.json").write_text("{}")
+    (tmp_path / "plan.json").write_text(_plan_json())
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
     assert check.returncode != 0 and "No module named 'torch'" in check.stderr

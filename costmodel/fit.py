@@ -148,6 +148,11 @@ def fit_factors(measurements: list[Measurement], profiles: dict[str, HardwarePro
     return {k: float(np.exp(v)) for k, v in zip(names, x)}
 
 
+def factor_bounds(name: str, profile: HardwareProfile) -> tuple[float, float]:
+    """Where a fit may take a factor on this kind of profile."""
+    return GPU_BOUNDS.get(name, FACTORS[name][2]) if profile.kind == "gpu" else FACTORS[name][2]
+
+
 def fit_calibration(measurements: list[Measurement], profile: HardwareProfile, *, fitted_by: str,
                     factors: list[str] | None = None, min_measurements: int | None = None,
                     max_nfev: int = 100, polish_evals: int = 120, center: dict[str, float] | None = None,

@@ -314,6 +314,13 @@ def _norm(name: str) -> str:
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
+def same_gpu(a: HardwareProfile, b: HardwareProfile) -> bool:
+    """Whether two profiles describe one GPU type: either's name is the other's name or one of its aliases
+    (a calibrated copy written by ``plan calibrate`` keeps the shipped profile's name)."""
+    names = lambda p: {_norm(p.name), *(_norm(x) for x in p.aliases)}  # noqa: E731
+    return _norm(a.name) in names(b) or _norm(b.name) in names(a)
+
+
 def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile:
     """A profile by file path, canonical name or alias (case and punctuation ignored)."""
     p = Path(name_or_path)

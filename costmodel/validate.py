@@ -418,13 +418,14 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
     return {"rows": rows, "summary": summarize(rows)}
 
 
-def measurements_for(cases: list[Case]) -> list:
-    """Cases as fit measurements, with unknown recompute resolved the way predict_case resolves it."""
+def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | None = None) -> list:
+    """Cases as fit measurements, with unknown recompute resolved the way predict_case resolves it (with
+    ``profiles[gpu]`` where given, else the shipped profile)."""
     from costmodel.fit import Measurement
 
     out = []
     for c in cases:
-        plan = c.plan if c.recompute_known else predict_case(c)["plan"]
+        plan = c.plan if c.recompute_known else predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out
 

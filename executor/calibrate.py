@@ -1,10 +1,20 @@
-"""Fit a hardware profile's efficiency factors to the executor's measured steps.
+"""Fit a hardware profile's efficiency factors to measured runs and write a calibrated copy.
 
     plan calibrate --measurements runs/*/metrics.jsonl --profile P.yaml --out P_calibrated.yaml
+    plan calibrate --measurements RUNS.csv --profile H100 --out h100_mine.yaml
+    plan calibrate --measurements train.log --profile H100 --out h100_mine.yaml
 
-A measurement is one run: the plan it ran (from the run's summary.json), the cluster it ran on (the
-plan.json's cluster, or ``--cluster``) and its median step time without the first (warm-up) step. The fit is
-costmodel.fit's least squares; it refuses when there are fewer runs than factors to fit. No torch here.
+A measurement is one run, read from
+
+- an executor run directory (or its metrics.jsonl / summary.json): the plan it ran, the cluster it ran on (the
+  plan.json's cluster, or ``--cluster``) and its median step time without the first (warm-up) step;
+- a CSV in the schema of data/validation/published_runs.csv: every scored row of the profile's GPU type
+  (costmodel.validate turns rows into model, cluster and plan as ``plan validate`` does);
+- any other file: a Megatron-LM / Megatron-Bridge / NeMo training log (costmodel.runlog).
+
+GPU profiles are updated by costmodel.recalibrate (one factor from one or two runs, more from more, the prior
+centred on the profile's values); CPU-host profiles (``plan profile`` on gloo) by costmodel.fit's least squares
+on the host factors, which refuses fewer runs than factors. No torch here.
 """
 
 from __future__ import annotations
@@ -15,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from costmodel.fit import Measurement, fit_calibration, host_factors, predict, relevant_factors
-from costmodel.profiles import Calibration, HardwareProfile, InputError, load_cluster, load_profile
+from costmodel.fit import Measurement, fit_calibration, host_factors, predict
+from costmodel.profiles import Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu
+from costmodel.recalibrate import recalibrate
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 def _run_dir(path: Path) -> Path:
@@ -50,19 +61,78 @@ def load_measurements(paths: list[str], cluster: ClusterSpec | None = None) -> l
     return [load_measurement(p, cluster) for p in paths]
 
 
+def _is_executor_run(p: Path) -> bool:
+    return p.is_dir() or p.name in ("metrics.jsonl", "summary.json")
+
+
+def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: ClusterSpec | None = None,
+                      gpu: str | None = None, warmup_iterations: int = 3) -> tuple[list[Measurement], list[dict]]:
+    """The runs in executor run directories, published-runs CSVs and Megatron logs, for ``profile``'s GPU.
+
+    A CSV contributes its scored rows of that GPU type (the others are counted, not used); a log is on
+    ``gpu`` (or the cluster's GPU), else on the device it names, else on the profile's GPU. Returns the
+    measurements and one line of provenance per file."""
+    from costmodel.runlog import gpu_in_log, parse_megatron_log
+    from costmodel.validate import load_cases, measurements_for
+
+    out, notes = [], []
+    for spec in paths:
+        p = Path(spec)
+        if _is_executor_run(p):
+            out.append(load_measurement(p, cluster))
+            notes.append({"path": spec, "kind": "executor run", "runs": 1})
+            continue
+        if not p.exists():
+            raise InputError(f"{spec}: file not found")
+        if p.suffix.lower() == ".csv":
+            cases, errors = load_cases(p)
+            if errors:
+                raise InputError(errors[0]["error"])
+            mine = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
+            if not mine:
+                types = sorted({c.gpu_type for c in cases}) or ["none (no scored=true rows)"]
+                raise InputError(f"{spec}: field 'gpu_type': no scored row on {profile.name} (the --profile GPU); "
+                                 f"GPU types there: {', '.join(types)}")
+            out += measurements_for(mine)
+            notes.append({"path": spec, "kind": "published-runs CSV", "runs": len(mine), "rows": [c.row for c in mine],
+                          "other_gpu_rows": len(cases) - len(mine)})
+            continue
+        try:
+            text = p.read_text(errors="replace")
+        except OSError as e:
+            raise InputError(f"{spec}: cannot read ({e.strerror})") from None
+        on = gpu or (cluster.gpu if cluster is not None else None) or gpu_in_log(text) or profile.name
+        run = parse_megatron_log(text, spec, gpu=None if cluster is not None else on, cluster=cluster,
+                                 warmup_iterations=warmup_iterations)
+        if not same_gpu(load_profile(run.measurement.cluster.gpu), profile):
+            raise InputError(f"{spec}: field 'gpu': the run is on {load_profile(on).name} but --profile is "
+                             f"{profile.name}; calibrate the profile of the GPU the run used")
+        out.append(run.measurement)
+        notes.append({"path": spec, "kind": "Megatron log", "runs": 1, "iterations_used": len(run.iterations),
+                      "iterations_skipped": run.skipped, "step_time_s": run.measurement.step_time_s,
+                      "logged_tflops_per_gpu": run.tflops_per_gpu})
+    return out, notes
+
+
 def calibrate(measurements: list[Measurement], profile: HardwareProfile, *, factors: list[str] | None = None,
               fitted_by: str = "plan calibrate") -> tuple[HardwareProfile, dict]:
-    """The profile with fitted factors, and a report: factors, values, MAPE before and after, per run."""
-    if factors is None:
-        factors = host_factors(measurements) if profile.kind == "host" else relevant_factors(measurements)[:3]
+    """The profile with fitted factors, and a report: factors, values, MAPE before and after, per run.
+
+    GPU profiles: costmodel.recalibrate (as many factors as the runs determine, the prior on the profile's own
+    values). CPU-host profiles: least squares on the host factors from their defaults."""
     try:
-        cal, report = fit_calibration(measurements, profile, fitted_by=fitted_by, factors=factors)
+        if profile.kind == "host":
+            cal, report = fit_calibration(measurements, profile, fitted_by=fitted_by,
+                                          factors=factors or host_factors(measurements))
+        else:
+            cal, report = recalibrate(measurements, profile, fitted_by=fitted_by, factors=factors)
     except ValueError as e:
         raise InputError(f"calibrate: {e}") from None
     fitted = profile.model_copy(update={"calibration": cal})
     before, after = predict(measurements, profile), predict(measurements, fitted)
-    report["runs"] = [{"plan": plan_label(m.plan), "measured_s": m.step_time_s, "before_s": float(b),
-                       "after_s": float(a)} for m, b, a in zip(measurements, before, after)]
+    report["runs"] = [{"model": m.model.name, "plan": plan_label(m.plan), "gpus": m.cluster.num_gpus,
+                       "measured_s": m.step_time_s, "before_s": float(b), "after_s": float(a)}
+                      for m, b, a in zip(measurements, before, after)]
     return fitted, report
 
 
@@ -81,7 +151,7 @@ def write_calibrated_profile(source_yaml: Path, calibration: Calibration, out: P
     if name:
         data["name"] = name
     text = (f"# Calibrated copy of {source_yaml.name}: the calibration block below was fitted by `plan calibrate`\n"
-            f"# to executor measurements ({calibration.fitted_by}).\n")
+            f"# to measured runs ({calibration.fitted_by}).\n")
     text += yaml.safe_dump(data, sort_keys=False, width=110)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text)
@@ -101,16 +171,22 @@ def resolve_profile(spec: str) -> tuple[HardwareProfile, Path]:
 
 
 def run_calibrate(measurement_paths: list[str], profile_spec: str, out: str, *, cluster_path: str | None = None,
-                  factors: list[str] | None = None) -> dict:
+                  factors: list[str] | None = None, gpu: str | None = None, warmup_iterations: int = 3) -> dict:
     """What ``plan calibrate`` does: load, fit, write, report."""
-    cluster = load_cluster(cluster_path) if cluster_path else None
-    measurements = load_measurements(measurement_paths, cluster)
-    profile, source = resolve_profile(profile_spec)
-    fitted, report = calibrate(measurements, profile, factors=factors,
-                               fitted_by=f"plan calibrate on {len(measurements)} executor runs")
     out_path = Path(out)
     if not out_path.parent.exists():
         raise InputError(f"{out}: directory {out_path.parent} does not exist")
+    if gpu is not None:
+        load_profile(gpu)   # an unknown --gpu is a one-line error before any file is read
+    cluster = load_cluster(cluster_path) if cluster_path else None
+    profile, source = resolve_profile(profile_spec)
+    measurements, inputs = read_measurements(measurement_paths, profile, cluster=cluster, gpu=gpu,
+                                             warmup_iterations=warmup_iterations)
+    names = ", ".join(Path(p).name for p in measurement_paths[:3]) + (" ..." if len(measurement_paths) > 3 else "")
+    fitted, report = calibrate(measurements, profile, factors=factors,
+                               fitted_by=f"plan calibrate on {len(measurements)} measured run(s) ({names}) "
+                                         f"from {source.name}")
     write_calibrated_profile(source, fitted.calibration, out_path)
+    report["inputs"] = inputs
     report["out"] = str(out_path)
     return report

@@ -15,15 +15,24 @@ def _ms(x: float | None) -> str:
 
 
 def calibration_table(report: dict) -> None:
-    t = Table(title=f"calibration of {report['profile']} on {report['measurements']} runs")
-    for col in ("plan", "measured ms", "before ms", "after ms"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    t = Table(title=f"calibration of {report['profile']} on {report['measurements']} run(s)")
+    for col in ("model", "plan", "GPUs", "measured ms", "before ms", "after ms"):
+        t.add_column(col, justify="left" if col in ("model", "plan") else "right")
     for r in report["runs"]:
-        t.add_row(r["plan"], _ms(r["measured_s"]), _ms(r["before_s"]), _ms(r["after_s"]))
+        t.add_row(r.get("model", ""), r["plan"], str(r.get("gpus", "")), _ms(r["measured_s"]), _ms(r["before_s"]),
+                  _ms(r["after_s"]))
     console.print(t)
-    values = ", ".join(f"{k}={v:g}" for k, v in report["values"].items())
-    console.print(f"fitted {values}\nstep-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
+    prev = report.get("previous", {})
+    values = ", ".join(f"{k}={prev[k]:g} -> {v:g}" if k in prev else f"{k}={v:g}" for k, v in report["values"].items())
+    console.print((f"{report['scheme']}: " if report.get("scheme") else "fitted ") + values)
+    console.print(f"step-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
                   + (f"; written to {report['out']}" if report.get("out") else ""))
+    for note in report.get("inputs", []):
+        if note.get("other_gpu_rows"):
+            console.print(f"{note['path']}: {note['other_gpu_rows']} scored row(s) on other GPU types left out")
+        if note.get("kind") == "Megatron log":
+            console.print(f"{note['path']}: median of {note['iterations_used']} logged iteration(s), warm-up "
+                          f"iteration(s) {note['iterations_skipped'] or 'none'} skipped")
 
 
 def autotune_table(res) -> None:

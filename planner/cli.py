@@ -73,7 +73,73 @@ def _model_cluster(args):
 
     model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
     cluster = load_cluster(args.cluster)
+    override = _profile_override(getattr(args, "profile_file", None))
+    if override is not None:
+        cluster = _with_profile(cluster, override)
+        if cluster is None:
+            raise InputError(_wrong_gpu(override, [load_cluster(args.cluster)]))
     return _native_precision(model, cluster, explicit=args.precision is not None), cluster
+
+
+def _profile_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--profile", dest="profile_file", metavar="FILE", default=None,
+                    help="calibrated profile YAML (as `plan calibrate --out` writes it): replaces the shipped "
+                         "profile of its GPU type")
+
+
+def _profile_override(spec: str | None):
+    """--profile FILE as (what a cluster's gpu field names it by, the profile); one-line errors when the file
+    does not load."""
+    if not spec:
+        return None
+    from costmodel.profiles import load_profile
+
+    p = Path(spec)
+    if p.suffix in (".yaml", ".yml") and not p.exists():
+        raise InputError(f"--profile {spec}: file not found")
+    prof = load_profile(spec)
+    return (str(p.resolve()) if p.exists() else prof.name), prof
+
+
+def _with_profile(cluster, override):
+    """The cluster with every GPU of the override's type (name or alias) read from the override file; None
+    when the cluster has no such GPU."""
+    from costmodel.profiles import load_profile, same_gpu
+
+    ref, prof = override
+    hit = same_gpu(load_profile(cluster.gpu), prof)
+    upd = {"gpu": ref} if hit else {}
+    if cluster.device_groups:
+        groups = []
+        for g in cluster.device_groups:
+            mine = same_gpu(load_profile(g.gpu), prof)
+            hit = hit or mine
+            groups.append(g.model_copy(update={"gpu": ref}) if mine else g)
+        upd["device_groups"] = groups
+    return cluster.model_copy(update=upd) if hit else None
+
+
+def _wrong_gpu(override, clusters) -> str:
+    from costmodel.profiles import load_profile
+
+    ref, prof = override
+    gpus = sorted({load_profile(g).name for cl in clusters
+                   for g in ([x.gpu for x in cl.device_groups] if cl.device_groups else [cl.gpu])})
+    return (f"--profile {ref}: profile {prof.name} is not a GPU type of the cluster ({', '.join(gpus)}); give a "
+            f"profile calibrated for {' or '.join(gpus)}")
+
+
+def _scenarios_with_profile(scenarios, spec: str | None):
+    """Capacity / what-if scenarios with --profile applied where their cluster has that GPU type."""
+    override = _profile_override(spec)
+    if override is None:
+        return scenarios
+    from dataclasses import replace
+
+    out = [replace(s, cluster=c) if (c := _with_profile(s.cluster, override)) is not None else s for s in scenarios]
+    if all(o is s for o, s in zip(out, scenarios)):
+        raise InputError(_wrong_gpu(override, [s.cluster for s in scenarios]))
+    return out
 
 
 def _native_precision(model, cluster, explicit: bool):
@@ -124,6 +190,7 @@ def cmd_search(argv: list[str]) -> int:
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
     _routing_args(ap, placement_default="best")
+    _profile_arg(ap)
     args = ap.parse_args(argv)
     from planner.report import console, plan_row, ranked_table
     from planner.search import exhaustive, optuna_search
@@ -285,6 +352,7 @@ def cmd_check(argv: list[str]) -> int:
                        help="Megatron's --pipeline-model-parallel-layout string, e.g. 'Et*3|(tt|)*29,m|L' "
                             "(pp x vpp stages; vpp follows from it)")
     _routing_args(ap, placement_default="contiguous")
+    _profile_arg(ap)
     args = ap.parse_args(argv)
     from costmodel.estimate import estimate
     from costmodel.rules import check_plan
@@ -548,12 +616,18 @@ def cmd_validate(argv: list[str]) -> int:
     ap.add_argument("--cross-validate", action="store_true",
                     help="also refit the profiles without each source, each software release and each GPU type "
                          "in turn and predict what was left out")
+    _profile_arg(ap)
     args = ap.parse_args(argv)
     from planner.report import console, cross_validation_tables, validation_tables
     from costmodel.validate import cross_validate, validate
 
     _check_file_target(args.json)
-    result = validate(args.csv)
+    override = _validate_override(args.profile_file)
+    result = validate(args.csv, profiles=override)
+    if override and not any(r["gpu_type"] in override for r in result["rows"]):
+        gpus = sorted({str(r["gpu_type"]) for r in result["rows"]})
+        raise InputError(f"--profile {args.profile_file}: {args.csv} has no scored row on {', '.join(override)} "
+                         f"(GPU types there: {', '.join(gpus) or 'none'})")
     con = console()
     for t in validation_tables(result["summary"]):
         con.print(t)
@@ -574,12 +648,30 @@ def cmd_validate(argv: list[str]) -> int:
                                         "predicted_peak_memory_bytes", "fits", "error", "assumed")}
                 for r in result["rows"]]
         out = {"rows": rows, "summary": result["summary"]}
+        if override:
+            out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
         from planner.outputs import write_file_atomic
 
         write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
+
+
+def _validate_override(spec: str | None) -> dict | None:
+    """--profile FILE for plan validate: {shipped GPU type it replaces: the profile}."""
+    override = _profile_override(spec)
+    if override is None:
+        return None
+    from costmodel.profiles import load_profile, profile_paths, same_gpu
+
+    ref, prof = override
+    shipped = [load_profile(str(p)) for p in profile_paths()]
+    hit = [q.name for q in shipped if same_gpu(q, prof)]
+    if not hit:
+        raise InputError(f"--profile {ref}: profile {prof.name} is not a shipped GPU type (name or alias); valid: "
+                         f"{', '.join(q.name for q in shipped)}")
+    return {hit[0]: prof}
 
 
 def _capacity_args(ap: argparse.ArgumentParser) -> None:
@@ -598,6 +690,7 @@ def _capacity_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--async-checkpoint", action="store_true", help="asynchronous checkpoint saves")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--plot", metavar="PNG", help="write the figure (time, cost, goodput, throughput, MFU, Pareto)")
+    _profile_arg(ap)
 
 
 def _capacity_inputs(args):
@@ -709,8 +802,9 @@ def cmd_capacity(argv: list[str]) -> int:
     budget = parse_money(args.budget) if args.budget else None
     gpus = parse_vary(f"gpus={args.gpus}")[1] if args.gpus else None
     searching = bool(deadline or budget or args.min_gpus or args.max_gpus)
-    points = _sweep_with_progress(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus, searching), a,
-                                  args.json)
+    points = _sweep_with_progress(_scenarios_with_profile(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus,
+                                                                             searching), args.profile_file),
+                                  a, args.json)
     for _ in range(REFINE_STEPS if searching and not gpus else 0):
         extra = refine_sizes(points, deadline, budget)
         if extra:
@@ -741,8 +835,8 @@ def cmd_whatif(argv: list[str]) -> int:
         raise InputError(f"--vary given {len(args.vary)} times: at most two quantities (x axis and series)")
     cluster = load_cluster(args.cluster)
     dims = [parse_vary(v) for v in args.vary]
-    points = _sweep_with_progress(whatif_scenarios(Scenario(model, cluster, args.global_batch, comp, (), args.cluster),
-                                                   dims), a, args.json)
+    scenarios = whatif_scenarios(Scenario(model, cluster, args.global_batch, comp, (), args.cluster), dims)
+    points = _sweep_with_progress(_scenarios_with_profile(scenarios, args.profile_file), a, args.json)
     decision = decide(points)
     names = [d for d, _ in dims]
     title = (f"what if: {model.name} on {a.tokens / 1e12:g}T tokens, {cluster.name} varied by {' x '.join(names)}")
@@ -885,18 +979,34 @@ def cmd_run(argv: list[str]) -> int:
 
 def cmd_calibrate(argv: list[str]) -> int:
     ap = _Parser(prog="plan calibrate", description="Fit a hardware profile's efficiency factors "
-                                 "to measured executor runs (scipy least squares) and write a calibrated copy.")
-    ap.add_argument("--measurements", nargs="+", required=True, help="run directories or their metrics.jsonl")
+                                 "to measured runs and write a calibrated copy (use it with --profile FILE): one "
+                                 "factor from one run, more from more.")
+    ap.add_argument("--measurements", nargs="+", required=True,
+                    help="executor run directories (or their metrics.jsonl), CSVs in the schema of "
+                         "data/validation/published_runs.csv, or Megatron-LM / Megatron-Bridge / NeMo training logs")
     ap.add_argument("--profile", required=True, help="profile YAML (or a shipped GPU name) to calibrate")
     ap.add_argument("--out", required=True, help="calibrated profile YAML to write")
-    ap.add_argument("--cluster", default=None, help="cluster the runs ran on (default: the one in each run's plan)")
-    ap.add_argument("--factors", default=None, help="comma list of factors to fit (default: by profile kind)")
+    ap.add_argument("--cluster", default=None, help="cluster the runs ran on (default: the one in each run's plan; "
+                                                   "for a log, the profile's GPU in nodes of 8)")
+    ap.add_argument("--gpu", default=None, help="GPU type of the logged runs when the log does not name it "
+                                               "(default: the profile's)")
+    ap.add_argument("--warmup-iterations", type=int, default=3,
+                    help="first iterations of a log left out of the median (default 3)")
+    ap.add_argument("--factors", default=None, help="comma list of factors to fit (default: as many as the runs "
+                                                   "determine)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    from costmodel.fit import FACTORS
     from executor.calibrate import run_calibrate
 
-    factors = args.factors.split(",") if args.factors else None
-    report = run_calibrate(args.measurements, args.profile, args.out, cluster_path=args.cluster, factors=factors)
+    factors = [f.strip() for f in args.factors.split(",") if f.strip()] if args.factors else None
+    bad = [f for f in factors or [] if f not in FACTORS]
+    if bad:
+        raise InputError(f"--factors {bad[0]}: unknown factor; valid: {', '.join(FACTORS)}")
+    if args.warmup_iterations < 0:
+        raise InputError(f"--warmup-iterations {args.warmup_iterations}: expected 0 or more")
+    report = run_calibrate(args.measurements, args.profile, args.out, cluster_path=args.cluster, factors=factors,
+                           gpu=args.gpu, warmup_iterations=args.warmup_iterations)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

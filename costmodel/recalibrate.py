@@ -1,0 +1,201 @@
+"""Calibrating a fitted profile to the runs of one cluster (``plan calibrate``), and scoring how well that works.
+
+A shipped profile is fitted to many sources; a user's cluster runs one software stack, often faster or slower
+than the average by a level shift. A few measured runs determine only a few numbers, so the update fits as many
+factors as the runs determine and leaves the rest at the profile's values:
+
+- one or two runs: one factor, the one the runs move most (the largest change in predicted step time for a 10%
+  change of the factor, in the direction the measurement needs), solved so the prediction meets the measurement;
+- more runs: the (n + 1) // 2 factors they move most, least squares with the prior centred on the profile's own
+  values (``costmodel.fit.fit_calibration`` with ``center``), so the update shrinks towards the profile
+  and not towards the un-fitted defaults.
+
+How the schemes compare was measured with :func:`one_run_calibration_cv` on data/validation/published_runs.csv
+(README, "Calibrate the model to your cluster"). Pure: specs in, numbers out; no files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+from costmodel.fit import FACTORS, PRIOR_SCALE, Measurement, factor_bounds, fit_calibration, predict, \
+    relevant_factors
+from costmodel.profiles import Calibration, HardwareProfile, load_profile
+
+# Factors a handful of runs cannot pin down: the GEMM shape curve needs many shapes, the host overhead
+# executor runs on CPU processes.
+NOT_FROM_FEW_RUNS = ("gemm_shape", "layer_overhead_s")
+PROBE = 1.1   # factor change used to measure how strongly a run depends on a factor
+
+
+def _with(profile: HardwareProfile, values: dict[str, float], fitted_by: str | None = None) -> HardwareProfile:
+    upd = dict(values, **({"fitted_by": fitted_by} if fitted_by else {}))
+    return profile.model_copy(update={"calibration": profile.calibration.model_copy(update=upd)})
+
+
+def factor_sensitivity(measurements: list[Measurement], profile: HardwareProfile,
+                       names: list[str]) -> dict[str, float]:
+    """How far each factor can move the runs' predictions towards their measurements: for each run, the
+    larger |log| change of its predicted step time, in the direction that run needs, when the factor goes
+    PROBE times up or down (within its bounds); summed over the runs. A factor at a bound or behind a cap (the
+    GEMM efficiency ceiling) scores what it can still do."""
+    measured = np.array([m.step_time_s for m in measurements])
+    p0 = predict(measurements, profile)
+    need = np.sign(np.log(measured / p0))   # +1: the run is slower than predicted
+    out = {}
+    for n in names:
+        cur = getattr(profile.calibration, n)
+        lo, hi = factor_bounds(n, profile)
+        moves = [np.log(predict(measurements, _with(profile, {n: float(np.clip(cur * f, min(lo, cur),
+                                                                              max(hi, cur)))})) / p0)
+                 for f in (PROBE, 1 / PROBE)]
+        out[n] = float(np.sum(np.maximum(np.maximum(need * moves[0], need * moves[1]), 0.0)))
+    return out
+
+
+def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tuple[list[str], dict[str, float]]:
+    """The factors a set of runs determines, most determined first, and every candidate's sensitivity."""
+    cands = [n for n in relevant_factors(measurements) if n not in NOT_FROM_FEW_RUNS]
+    sens = factor_sensitivity(measurements, profile, cands)
+    ranked = sorted(cands, key=lambda n: -sens[n])
+    n = len(measurements)
+    k = 1 if n <= 2 else min(len(ranked), (n + 1) // 2)
+    return ranked[:k], sens
+
+
+def _fit_one(measurements: list[Measurement], profile: HardwareProfile, name: str) -> float:
+    """The value of one factor that brings the runs' predictions nearest their measurements (mean squared log
+    error, and the prior of fit_calibration centred on the profile's value)."""
+    measured = np.array([m.step_time_s for m in measurements])
+    cur = getattr(profile.calibration, name)
+    lo, hi = factor_bounds(name, profile)
+    x0 = np.log(cur)
+    width = FACTORS[name][1]
+
+    def objective(x: float) -> float:
+        pred = predict(measurements, _with(profile, {name: float(np.exp(x))}))
+        prior = (PRIOR_SCALE * (x - x0) / width) ** 2 / len(measurements)
+        return float(np.mean(np.log(pred / measured) ** 2) + prior)
+
+    res = minimize_scalar(objective, bounds=(min(np.log(lo), x0), max(np.log(hi), x0)), method="bounded",
+                          options={"xatol": 1e-4})
+    return float(np.exp(res.x)) if res.fun <= objective(x0) else cur
+
+
+def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fitted_by: str,
+                factors: list[str] | None = None) -> tuple[Calibration, dict]:
+    """The profile's calibration updated to the runs (see the module docstring), and a report: the scheme,
+    factors, previous and new values, the sensitivities, MAPE before and after."""
+    if not measurements:
+        raise ValueError("no measurements to calibrate on")
+    if factors is None:
+        names, sens = factors_for(measurements, profile)
+    else:
+        names, sens = list(factors), {}
+    previous = {n: round(float(getattr(profile.calibration, n)), 4) for n in names}
+    if len(names) == 1:
+        value = _fit_one(measurements, profile, names[0])
+        cal = _with(profile, {names[0]: value}, fitted_by).calibration
+        scheme = f"one factor ({names[0]}), solved to {len(measurements)} run(s)"
+    else:
+        cal, _ = fit_calibration(measurements, profile, fitted_by=fitted_by, factors=names,
+                                 center={n: getattr(profile.calibration, n) for n in names})
+        scheme = f"{len(names)} factors from {len(measurements)} runs, prior centred on the profile's values"
+    measured = np.array([m.step_time_s for m in measurements])
+    before = predict(measurements, profile)
+    after = predict(measurements, profile.model_copy(update={"calibration": cal}))
+    ape = lambda p: round(float(np.mean(np.abs(p - measured) / measured) * 100), 2)  # noqa: E731
+    report = {"profile": profile.name, "measurements": len(measurements), "scheme": scheme, "factors": names,
+              "previous": previous, "values": {n: round(float(getattr(cal, n)), 4) for n in names},
+              "sensitivity": {n: round(v, 4) for n, v in sorted(sens.items(), key=lambda kv: -kv[1])},
+              "mape_before": ape(before), "mape_after": ape(after)}
+    return cal, report
+
+
+def _ape(pred: float, pub: float) -> float:
+    return abs(pred - pub) / pub * 100.0
+
+
+def _stats(errs: list[float]) -> dict:
+    if not errs:
+        return {"count": 0, "mape": None, "median_ape": None}
+    e = np.array(errs)
+    return {"count": len(errs), "mape": round(float(e.mean()), 2), "median_ape": round(float(np.median(e)), 2)}
+
+
+def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | None = None) -> dict:
+    """One-run calibration scored on published runs (``costmodel.validate.Case`` rows).
+
+    same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
+    (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
+    other_models: in every (source, GPU) group with two or more models, each model's first row in turn
+    calibrates the base profile, which predicts the rows of the group's other models.
+    Each figure comes with the same rows' error before calibration, and per-group details.
+    """
+    from costmodel.validate import measurements_for, predict_case
+
+    profiles = profiles or {}
+    base_cache: dict[str, HardwareProfile] = {}
+
+    def base(gpu: str) -> HardwareProfile:
+        if gpu not in base_cache:
+            base_cache[gpu] = profiles.get(gpu) or load_profile(gpu)
+        return base_cache[gpu]
+
+    pred_cache: dict[tuple[int, int], float] = {}
+
+    def pred(case, prof: HardwareProfile) -> float:
+        key = (case.row, id(prof))
+        if key not in pred_cache:
+            pred_cache[key] = predict_case(case, prof)["predicted_step_time_s"]
+        return pred_cache[key]
+
+    fitted: dict[int, HardwareProfile] = {}
+
+    def calibrated(anchor) -> HardwareProfile:
+        if anchor.row not in fitted:
+            prof = base(anchor.gpu_type)
+            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: prof}), prof,
+                                 fitted_by=f"one-run calibration on row {anchor.row}")
+            fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
+        return fitted[anchor.row]
+
+    by_model: dict[tuple, list] = {}
+    by_stack: dict[tuple, list] = {}
+    for c in cases:
+        by_model.setdefault((c.source_id, c.gpu_type, c.model.name), []).append(c)
+        by_stack.setdefault((c.source_id, c.gpu_type), []).append(c)
+
+    def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
+        """(anchor, target) pairs -> errors after and before calibration."""
+        after = [_ape(pred(t, calibrated(a)), t.published_step_time_s) for a, t in pairs]
+        before = [_ape(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
+        return after, before
+
+    same_after, same_before, same_groups = [], [], []
+    for (src, gpu, model), rows in by_model.items():
+        if len(rows) < 2:
+            continue
+        after, before = score([(rows[0], t) for t in rows[1:]])
+        same_after += after
+        same_before += before
+        same_groups.append({"source_id": src, "gpu_type": gpu, "model": model, "anchor_row": rows[0].row,
+                            "after": _stats(after), "before": _stats(before)})
+    other_after, other_before, other_groups = [], [], []
+    for (src, gpu), rows in by_stack.items():
+        firsts = {}
+        for c in rows:
+            firsts.setdefault(c.model.name, c)
+        if len(firsts) < 2:
+            continue
+        pairs = [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name]
+        after, before = score(pairs)
+        other_after += after
+        other_before += before
+        other_groups.append({"source_id": src, "gpu_type": gpu, "models": len(firsts),
+                             "anchor_rows": [a.row for a in firsts.values()],
+                             "after": _stats(after), "before": _stats(before)})
+    return {"scheme": "one factor, the one the run moves most (costmodel/recalibrate.py)",
+            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups},
+            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups}}

@@ -196,6 +196,23 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         other_groups.append({"source_id": src, "gpu_type": gpu, "models": len(firsts),
                              "anchor_rows": [a.row for a in firsts.values()],
                              "after": _stats(after), "before": _stats(before)})
-    return {"scheme": "one factor, the one the run moves most (costmodel/recalibrate.py)",
-            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups},
-            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups}}
+    return {"scheme": SCHEME,
+            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
+                           "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
+            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
+                             "ape": [round(x, 3) for x in other_after],
+                             "ape_before": [round(x, 3) for x in other_before]}}
+
+
+SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"
+
+
+def pool_one_run(results: list[dict]) -> dict:
+    """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
+    groups listed together, raw errors dropped."""
+    out: dict = {"scheme": SCHEME}
+    for key in ("same_model", "other_models"):
+        after = [x for r in results for x in r[key]["ape"]]
+        before = [x for r in results for x in r[key]["ape_before"]]
+        out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}
+    return out

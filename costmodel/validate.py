@@ -561,7 +561,12 @@ def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tupl
                      **case_features(c), "predicted_step_time_s": pred["predicted_step_time_s"],
                      "published_step_time_s": c.published_step_time_s, "fits": pred["fits"], "error": None,
                      "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
-    return {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}, rows
+    out = {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}
+    if scheme == "source":   # one-run calibration inside the held-out source, from the profiles fitted without it
+        from costmodel.recalibrate import one_run_calibration_cv
+
+        out["one_run_calibration"] = one_run_calibration_cv([c for c in cases if held_out(c, scheme, key)], profiles)
+    return out, rows
 
 
 def cross_validate(path: str | Path, progress=None, workers: int | None = None,
@@ -599,6 +604,11 @@ def cross_validate(path: str | Path, progress=None, workers: int | None = None,
         summary = summarize(rows + ([{**e, "ape": None} for e in errors] if scheme == "source" else []))
         out["schemes"][scheme] = {"folds": [results[(scheme, k)][0] for k in keys], "summary": summary,
                                   "rows": sorted(rows, key=lambda r: r["row"])}
+    if "source" in out["schemes"]:
+        from costmodel.recalibrate import pool_one_run
+
+        out["one_run_calibration"] = pool_one_run([f.pop("one_run_calibration")
+                                                   for f in out["schemes"]["source"]["folds"]])
     first = out["schemes"][schemes[0]]
     out["folds"], out["summary"] = first["folds"], first["summary"]
     return out

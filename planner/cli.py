@@ -618,7 +618,7 @@ def cmd_validate(argv: list[str]) -> int:
                          "in turn and predict what was left out")
     _profile_arg(ap)
     args = ap.parse_args(argv)
-    from planner.report import console, cross_validation_tables, validation_tables
+    from planner.report import console, cross_validation_tables, one_run_table, validation_tables
     from costmodel.validate import cross_validate, validate
 
     _check_file_target(args.json)
@@ -641,6 +641,8 @@ def cmd_validate(argv: list[str]) -> int:
         result["cross_validation"] = cv
         for t in cross_validation_tables(cv):
             con.print(t)
+        if "one_run_calibration" in cv:
+            con.print(one_run_table(cv["one_run_calibration"]))
     if args.json:
         rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "model_name", "num_gpus", "moe",
                                         "zero_stage", "pp", "cp", "ep", "precision", "release",

@@ -282,3 +282,18 @@ def save_report_png(path, e: StepEstimate, title: str, microbatches: int) -> Non
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def one_run_table(one: dict):
+    """One-run calibration inside the held-out sources: MAPE / median before and after."""
+    t = Table(title=f"One-run calibration inside each held-out source ({one['scheme']})", header_style="bold")
+    for col in ("calibrate on", "predict", "rows", "before MAPE %", "before median %", "after MAPE %",
+                "after median %"):
+        t.add_column(col, justify="left" if col in ("calibrate on", "predict") else "right")
+    fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    for key, on, what in (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
+                          ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs")):
+        r = one[key]
+        t.add_row(on, what, str(r["count"]), fmt(r["before"]["mape"]), fmt(r["before"]["median_ape"]),
+                  fmt(r["mape"]), fmt(r["median_ape"]))
+    return t

@@ -1,0 +1,318 @@
+"""One-run calibration from real measurements: Megatron logs read field by field, published-runs CSVs as
+measurements, the profile update (one factor from one run, more from more, shrunk to the profile's values),
+its cross-validation, and --profile FILE on plan, check, capacity, whatif and validate."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.fit import Measurement, predict
+from costmodel.profiles import InputError, load_profile
+from costmodel.recalibrate import one_run_calibration_cv, recalibrate
+from costmodel.runlog import gpu_in_log, parse_arguments, parse_iterations, parse_megatron_log
+from costmodel.validate import load_cases, predict_case
+from planner.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log"
+CSV = ROOT / "data" / "validation" / "published_runs.csv"
+# elapsed time per iteration (ms) of iterations 1..30 as the log prints them
+LOGGED_MS = [31417.9, 9212.4, 8377.0, 8088.7, 8046.0, 8107.6, 8071.2, 8161.3, 8110.0, 8108.3, 8079.9, 8110.5,
+             8085.5, 8069.4, 8113.8, 8064.7, 8197.2, 8124.9, 8121.7, 8072.9, 8119.9, 8064.6, 8141.8, 8094.1,
+             8038.4, 8093.1, 8135.7, 8108.4, 8116.8, 8109.2]
+
+
+def log_text() -> str:
+    return LOG.read_text()
+
+
+def edit(text: str, name: str, value: str | None) -> str:
+    """The log with one argument's printed value replaced or added (None: the line removed)."""
+    out, line = [], "  {} {} {}".format(name, "." * (48 - len(name)), value)
+    found = False
+    for ln in text.splitlines():
+        if ln.startswith(f"  {name} ."):
+            found = True
+            if value is None:
+                continue
+            ln = line
+        elif "end of arguments" in ln and not found and value is not None:
+            out.append(line)
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+# ---- the log parser --------------------------------------------------------------------------------------
+
+def test_argument_dump_is_read_as_printed():
+    args = parse_arguments(log_text())
+    assert len(args) == 126
+    assert args["tensor_model_parallel_size"] == "2"
+    assert args["data_path"] == "['/lustre/data/fineweb-edu/llama3_text_document']"
+    assert args["recompute_granularity"] == "None"
+    assert args["account_for_embedding_in_pipeline_split"] == "False"   # 39 characters: 9 dots
+
+
+def test_log_model_and_layout_field_by_field():
+    run = parse_megatron_log(log_text(), "train.log", gpu="H100")
+    m, p, c = run.measurement.model, run.measurement.plan, run.measurement.cluster
+    assert (m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads, m.seq_len) == (32, 4096, 14336, 32, 8, 8192)
+    assert m.vocab == 128256                       # the tokenizer's padded vocabulary line
+    assert m.head_dim is None                      # kv_channels 128 = 4096 / 32
+    assert (m.gated_mlp, m.tied_embeddings, m.learned_position_embeddings) == (True, False, False)
+    assert (m.precision, m.num_experts, m.mtp_layers) == ("bf16", 0, 0)
+    assert (p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep, p.etp) == (2, 2, 1, 4, 1, 1, 1)
+    assert (p.micro_batch, p.global_batch, p.sequence_parallel) == (1, 128, True)
+    assert (p.recompute, p.recompute_layers, p.distributed_optimizer, p.zero_stage) == ("none", None, True, 1)
+    assert p.framework == "megatron-core"
+    assert (c.gpu, c.num_gpus, c.nodes, c.gpus_per_node) == ("H100", 16, 2, 8)
+
+
+def test_log_step_time_is_the_median_after_warm_up():
+    run = parse_megatron_log(log_text(), "train.log", gpu="H100")
+    assert run.skipped == [1, 2, 3]
+    assert run.iterations == list(range(4, 31))
+    assert run.measurement.step_time_s == pytest.approx(statistics.median(LOGGED_MS[3:]) / 1e3)
+    assert run.tflops_per_gpu == pytest.approx(467.9)
+    lines = parse_iterations(log_text())
+    assert [x[0] for x in lines] == list(range(1, 31))
+    assert [x[1] for x in lines] == LOGGED_MS
+    assert {x[3] for x in lines} == {128}
+    none_skipped = parse_megatron_log(log_text(), "train.log", gpu="H100", warmup_iterations=0)
+    assert none_skipped.skipped == []
+    assert none_skipped.measurement.step_time_s == pytest.approx(statistics.median(LOGGED_MS) / 1e3)
+
+
+def test_a_line_averaging_warm_up_iterations_is_skipped():
+    """With --log-interval 10 the line at iteration 10 averages iterations 1-10: it is left out."""
+    text = edit(log_text(), "log_interval", "10")
+    body = [ln for ln in text.splitlines() if " iteration " not in ln or "/      30 |" not in ln]
+    lines = [ln for ln in text.splitlines() if "/      30 |" in ln]
+    kept = [ln for ln in lines if any(f"iteration {i:8d}/" in ln for i in (10, 20, 30))]
+    run = parse_megatron_log("\n".join(body + kept), "x.log", gpu="H100")
+    assert run.skipped == [10]
+    assert run.measurement.step_time_s == pytest.approx(statistics.median([LOGGED_MS[19], LOGGED_MS[29]]) / 1e3)
+
+
+def test_ramp_up_lines_are_skipped():
+    text = log_text().replace("global batch size:   128 |", "global batch size:    64 |", 6)
+    run = parse_megatron_log(text, "x.log", gpu="H100")
+    assert run.skipped == [1, 2, 3, 4, 5, 6]
+    assert run.measurement.plan.global_batch == 128
+
+
+def test_precision_recompute_vpp_fsdp_and_moe_arguments():
+    text = log_text()
+    for name, value in (("fp8", "hybrid"), ("fp8_recipe", "mxfp8"), ("recompute_granularity", "full"),
+                        ("recompute_method", "block"), ("recompute_num_layers", "2"),
+                        ("virtual_pipeline_model_parallel_size", "4"), ("use_megatron_fsdp", "True"),
+                        ("data_parallel_sharding_strategy", "optim_grads_params"), ("num_experts", "16"),
+                        ("moe_ffn_hidden_size", "2048"), ("moe_layer_freq", "([0]*3+[1]*29)"),
+                        ("expert_model_parallel_size", "4")):
+        text = edit(text, name, value)
+    run = parse_megatron_log(text, "x.log", gpu="B200")
+    m, p = run.measurement.model, run.measurement.plan
+    assert m.precision == "mxfp8"
+    assert (m.num_experts, m.moe_topk, m.moe_ffn_hidden, m.dense_layers) == (16, 2, 2048, 3)
+    assert (p.recompute, p.recompute_layers, p.vpp) == ("full", 8, 4)
+    assert (p.zero_stage, p.ep, p.etp) == (3, 4, 2)
+    assert run.measurement.cluster.gpu == "B200"
+    assert parse_megatron_log(edit(text, "fp8_recipe", "delayed"), "x.log", gpu="B200").measurement.model.precision \
+        == "fp8"
+
+
+def test_configuration_as_yaml_without_an_argument_dump():
+    """Megatron-Bridge / NeMo 2 print their configuration as YAML; the same names are read from it."""
+    yaml_cfg = ["model:", "  num_layers: 32", "  hidden_size: 4096", "  ffn_hidden_size: 14336",
+                "  num_attention_heads: 32", "  num_query_groups: 8", "  seq_length: 8192", "  vocab_size: 128256",
+                "  tensor_model_parallel_size: 4", "  pipeline_model_parallel_size: 1", "  sequence_parallel: true",
+                "  gated_linear_unit: true", "  bf16: true", "train:", "  micro_batch_size: 2",
+                "  global_batch_size: 64", "world_size: 8"]
+    iters = [ln for ln in log_text().splitlines() if "elapsed time per iteration" in ln]
+    run = parse_megatron_log("\n".join(yaml_cfg + iters), "bridge.log", gpu="H100")
+    m, p = run.measurement.model, run.measurement.plan
+    assert (m.layers, m.kv_heads, m.vocab, m.gated_mlp) == (32, 8, 128256, True)
+    assert (p.tp, p.pp, p.dp, p.micro_batch, p.global_batch, p.sequence_parallel) == (4, 1, 2, 2, 128, True)
+
+
+def test_bad_logs_are_one_line_errors_naming_file_and_field():
+    with pytest.raises(InputError, match=r"^x\.log: field 'num_layers' is not in the log's argument dump"):
+        parse_megatron_log(edit(log_text(), "num_layers", None), "x.log", gpu="H100")
+    with pytest.raises(InputError, match=r"^x\.log: field 'hidden_size' = 'big': expected an integer"):
+        parse_megatron_log(edit(log_text(), "hidden_size", "big"), "x.log", gpu="H100")
+    with pytest.raises(InputError, match=r"^x\.log: field 'gpu': the log does not name the GPU type; pass --gpu"):
+        parse_megatron_log(log_text(), "x.log")
+    no_iters = "\n".join(ln for ln in log_text().splitlines() if "elapsed time per iteration" not in ln)
+    with pytest.raises(InputError, match=r"field 'elapsed time per iteration \(ms\)': no iteration lines"):
+        parse_megatron_log(no_iters, "x.log", gpu="H100")
+    with pytest.raises(InputError, match=r"no Megatron argument dump"):
+        parse_megatron_log("hello\nworld\n", "x.log", gpu="H100")
+    with pytest.raises(InputError, match=r"all 30 logged iteration\(s\) fall in the first 40"):
+        parse_megatron_log(log_text(), "x.log", gpu="H100", warmup_iterations=40)
+
+
+def test_device_names_in_a_log_resolve_to_shipped_profiles():
+    assert gpu_in_log("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)") == "H100"
+    assert gpu_in_log("device: NVIDIA B200") == "B200"
+    assert gpu_in_log("nothing here") is None
+
+
+# ---- the profile update ----------------------------------------------------------------------------------
+
+def shifted(m: Measurement, prof, factor: float) -> Measurement:
+    return dataclasses.replace(m, step_time_s=float(predict([m], prof)[0]) * factor)
+
+
+def test_one_run_fits_one_factor_and_meets_the_run():
+    prof = load_profile("H100")
+    m = parse_megatron_log(log_text(), "x.log", gpu="H100").measurement
+    cal, rep = recalibrate([m], prof, fitted_by="test")
+    assert rep["factors"] == ["gemm_efficiency"]            # a dense bf16 run is GEMM-bound
+    assert rep["previous"]["gemm_efficiency"] == pytest.approx(prof.calibration.gemm_efficiency, abs=1e-4)
+    assert rep["mape_before"] > 7.0 and rep["mape_after"] < 1.5
+    # everything else is the profile's
+    for name in ("comm_exposed", "moe_overhead", "attention_efficiency", "gemm_shape"):
+        assert getattr(cal, name) == getattr(prof.calibration, name)
+
+
+def test_more_runs_fit_more_factors_shrunk_towards_the_profile():
+    prof = load_profile("H100")
+    cases, _ = load_cases(CSV)
+    rows = [c for c in cases if c.source_id.startswith("DGXC") and c.gpu_type == "H100"][:5]
+    from costmodel.validate import measurements_for
+
+    ms = measurements_for(rows)
+    exact = [dataclasses.replace(m, step_time_s=float(predict([m], prof)[0])) for m in ms]
+    cal, rep = recalibrate(exact, prof, fitted_by="test")
+    assert len(rep["factors"]) == 3
+    # runs the profile already predicts exactly leave its factors where they are
+    for n in rep["factors"]:
+        assert getattr(cal, n) == pytest.approx(getattr(prof.calibration, n), rel=0.02)
+    slow = [shifted(m, prof, 1.25) for m in ms]
+    cal, rep = recalibrate(slow, prof, fitted_by="test")
+    assert rep["mape_before"] == pytest.approx(20.0, abs=0.1) and rep["mape_after"] < 4.0
+
+
+def test_one_run_cv_recovers_a_level_shift():
+    """Rows whose published time is the shipped prediction x 1.2 (a stack 20% slower): calibrating on the first
+    run of each group predicts the others to within a few percent; before, every row is 16.7% off."""
+    cases, _ = load_cases(CSV)
+    pick = [c for c in cases if c.source_id.startswith("DGXC") and c.model.name in ("Llama3.1-8B", "Llama3.1-70B")]
+    slow = [dataclasses.replace(c, published_step_time_s=predict_case(c)["predicted_step_time_s"] * 1.2) for c in pick]
+    r = one_run_calibration_cv(slow)
+    assert r["same_model"]["count"] == len(pick) - 2
+    assert r["same_model"]["before"]["mape"] == pytest.approx(100 / 6, abs=0.05)
+    assert r["same_model"]["mape"] < 3.0
+    assert r["other_models"]["count"] == len(pick)     # each model's first run predicts the other model's rows
+    assert r["other_models"]["mape"] < 5.0
+    assert {g["model"] for g in r["same_model"]["groups"]} == {"Llama3.1-8B", "Llama3.1-70B"}
+
+
+# ---- plan calibrate and --profile end to end ------------------------------------------------------------
+
+def one_row_csv(tmp_path: Path, match) -> tuple[Path, int]:
+    """The published-runs CSV header and the first scored row that ``match(row)`` accepts, and that row's
+    index in the full file (``plan validate``'s row number)."""
+    reader = csv.DictReader(io.StringIO(CSV.read_text()))
+    i, row = next((i, r) for i, r in enumerate(reader) if r["scored"] == "true" and match(r))
+    out = tmp_path / "RUNS.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=reader.fieldnames)
+        w.writeheader()
+        w.writerow(row)
+    return out, i
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_calibrate_on_one_csv_row_then_validate_with_the_profile(tmp_path, capsys):
+    runs, row = one_row_csv(tmp_path, lambda r: r["source_id"].startswith("DGXC") and r["gpu_type"] == "H100")
+    cal = tmp_path / "CAL.yaml"
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", str(runs), "--profile", "H100", "--out", str(cal),
+                                  "--json"])
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["measurements"] == 1 and len(rep["factors"]) == 1
+    assert rep["inputs"][0]["kind"] == "published-runs CSV"
+    assert rep["mape_after"] < 1.5
+    prof = load_profile(str(cal))
+    assert prof.name == "H100" and "plan calibrate on 1 measured run" in prof.calibration.fitted_by
+    base, after = tmp_path / "base.json", tmp_path / "after.json"
+    assert main(["validate", str(CSV), "--json", str(base)]) == 0
+    assert main(["validate", str(CSV), "--profile", str(cal), "--json", str(after)]) == 0
+    capsys.readouterr()
+    b, a = json.loads(base.read_text()), json.loads(after.read_text())
+    changed = {r0["gpu_type"] for r0, r1 in zip(b["rows"], a["rows"])
+               if r0["predicted_step_time_s"] != r1["predicted_step_time_s"]}
+    assert changed == {"H100"}
+    anchor0 = next(r for r in b["rows"] if r["row"] == row)
+    anchor = next(r for r in a["rows"] if r["row"] == row)
+    err = lambda r: abs(r["predicted_step_time_s"] / r["published_step_time_s"] - 1)  # noqa: E731
+    assert err(anchor0) > 0.015 and err(anchor) < 0.5 * err(anchor0)   # the run calibrated on is met
+    assert a["profile"] == {"H100": str(cal)}
+
+
+def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
+    cal = tmp_path / "h100_mine.yaml"
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", str(LOG), "--profile", "H100", "--out", str(cal),
+                                  "--json"])
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["inputs"][0]["iterations_skipped"] == [1, 2, 3]
+    assert rep["runs"][0]["measured_s"] == pytest.approx(statistics.median(LOGGED_MS[3:]) / 1e3)
+    assert rep["runs"][0]["after_s"] == pytest.approx(rep["runs"][0]["measured_s"], rel=0.015)
+    args = ["check", "--model", "8b", "--cluster", "h100x512", "--tp", "2", "--json"]
+    rc, shipped, _ = run_cli(capsys, args)
+    rc2, mine, _ = run_cli(capsys, args + ["--profile", str(cal)])
+    assert rc == rc2 == 0
+    t0, t1 = (json.loads(x)["estimate"]["step_time_s"] for x in (shipped, mine))
+    assert t1 / t0 == pytest.approx(1.07, abs=0.03)    # the logged run is ~8% slower than the shipped prediction
+    rc, out, _ = run_cli(capsys, ["whatif", "--model", "8b", "--cluster", "h100x512", "--vary", "gpu=H100,B200",
+                                  "--profile", str(cal), "--json"])
+    rc0, out0, _ = run_cli(capsys, ["whatif", "--model", "8b", "--cluster", "h100x512", "--vary", "gpu=H100,B200",
+                                    "--json"])
+    p1, p0 = json.loads(out)["points"], json.loads(out0)["points"]
+    assert p1[0]["wall_time_days"] > 1.03 * p0[0]["wall_time_days"]      # H100: calibrated
+    assert p1[1]["wall_time_days"] == pytest.approx(p0[1]["wall_time_days"])   # B200: shipped
+
+
+def test_bad_profiles_and_measurements_are_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: H100\nsources: [\n")
+    rc, _, err = run_cli(capsys, ["validate", str(CSV), "--profile", str(bad)])
+    assert rc == 2 and err.count("\n") == 1 and "bad.yaml: line" in err and "malformed YAML" in err
+    other = tmp_path / "mygpu.yaml"
+    data = yaml.safe_load((ROOT / "hardware_profiles" / "gpus" / "H100.yaml").read_text())
+    other.write_text(yaml.safe_dump({**data, "name": "MyGPU", "aliases": []}))
+    rc, _, err = run_cli(capsys, ["validate", str(CSV), "--profile", str(other)])
+    assert rc == 2 and err.count("\n") == 1 and "profile MyGPU is not a shipped GPU type" in err
+    cal = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--measurements", str(LOG), "--profile", "H100", "--out", str(cal), "--json"]) == 0
+    capsys.readouterr()
+    rc, _, err = run_cli(capsys, ["--model", "8b", "--cluster", "b200x1024", "--profile", str(cal)])
+    assert rc == 2 and err.count("\n") == 1 and "profile H100 is not a GPU type of the cluster (B200)" in err
+    runs, _ = one_row_csv(tmp_path, lambda r: r["gpu_type"] == "B200")
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(runs), "--profile", "H100", "--out",
+                                  str(tmp_path / "x.yaml")])
+    assert rc == 2 and err.count("\n") == 1 and "field 'gpu_type': no scored row on H100" in err
+    assert not (tmp_path / "x.yaml").exists()
+    broken = tmp_path / "broken.log"
+    broken.write_text(edit(log_text(), "seq_length", None))
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(broken), "--profile", "H100", "--out",
+                                  str(tmp_path / "y.yaml")])
+    assert rc == 2 and err.count("\n") == 1 and "broken.log: field 'seq_length'" in err
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(LOG), "--profile", "B200", "--out",
+                                  str(tmp_path / "z.yaml"), "--gpu", "H100"])
+    assert rc == 2 and "the run is on H100 but --profile is B200" in err

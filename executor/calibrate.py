@@ -86,16 +86,21 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
             raise InputError(f"{spec}: file not found")
         if p.suffix.lower() == ".csv":
             cases, errors = load_cases(p)
-            if errors:
-                raise InputError(errors[0]["error"])
+            for e in errors:   # a bad row of this GPU type is an error; rows of other (or unknown) GPUs are not used
+                try:
+                    mine_row = same_gpu(load_profile(str(e.get("gpu_type") or "")), profile)
+                except InputError:
+                    mine_row = False
+                if mine_row:
+                    raise InputError(e["error"])
             mine = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
             if not mine:
                 types = sorted({c.gpu_type for c in cases}) or ["none (no scored=true rows)"]
                 raise InputError(f"{spec}: field 'gpu_type': no scored row on {profile.name} (the --profile GPU); "
                                  f"GPU types there: {', '.join(types)}")
-            out += measurements_for(mine)
+            out += measurements_for(mine, {c.cluster.gpu: profile for c in mine})
             notes.append({"path": spec, "kind": "published-runs CSV", "runs": len(mine), "rows": [c.row for c in mine],
-                          "other_gpu_rows": len(cases) - len(mine)})
+                          "other_gpu_rows": len(cases) + len(errors) - len(mine)})
             continue
         try:
             text = p.read_text(errors="replace")

@@ -173,11 +173,12 @@ def shifted(m: Measurement, prof, factor: float) -> Measurement:
 
 def test_one_run_fits_one_factor_and_meets_the_run():
     prof = load_profile("H100")
-    m = parse_megatron_log(log_text(), "x.log", gpu="H100").measurement
+    m = shifted(parse_megatron_log(log_text(), "x.log", gpu="H100").measurement, prof, 1.15)
     cal, rep = recalibrate([m], prof, fitted_by="test")
     assert rep["factors"] == ["gemm_efficiency"]            # a dense bf16 run is GEMM-bound
     assert rep["previous"]["gemm_efficiency"] == pytest.approx(prof.calibration.gemm_efficiency, abs=1e-4)
-    assert rep["mape_before"] > 7.0 and rep["mape_after"] < 1.5
+    assert rep["values"]["gemm_efficiency"] < 0.9 * prof.calibration.gemm_efficiency
+    assert rep["mape_before"] == pytest.approx(100 * (1 - 1 / 1.15), abs=0.01) and rep["mape_after"] < 1.5
     # everything else is the profile's
     for name in ("comm_exposed", "moe_overhead", "attention_efficiency", "gemm_shape"):
         assert getattr(cal, name) == getattr(prof.calibration, name)
@@ -260,7 +261,8 @@ def test_calibrate_on_one_csv_row_then_validate_with_the_profile(tmp_path, capsy
     anchor0 = next(r for r in b["rows"] if r["row"] == row)
     anchor = next(r for r in a["rows"] if r["row"] == row)
     err = lambda r: abs(r["predicted_step_time_s"] / r["published_step_time_s"] - 1)  # noqa: E731
-    assert err(anchor0) > 0.015 and err(anchor) < 0.5 * err(anchor0)   # the run calibrated on is met
+    assert err(anchor) < 0.01 and err(anchor) < err(anchor0)   # the run calibrated on is met
+    assert anchor["predicted_step_time_s"] == pytest.approx(rep["runs"][0]["after_s"], rel=1e-6)
     assert a["profile"] == {"H100": str(cal)}
 
 
@@ -278,13 +280,15 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     rc2, mine, _ = run_cli(capsys, args + ["--profile", str(cal)])
     assert rc == rc2 == 0
     t0, t1 = (json.loads(x)["estimate"]["step_time_s"] for x in (shipped, mine))
-    assert t1 / t0 == pytest.approx(1.07, abs=0.03)    # the logged run is ~8% slower than the shipped prediction
+    shift = rep["runs"][0]["after_s"] / rep["runs"][0]["before_s"]   # what calibration did to the logged run
+    assert abs(shift - 1) > 0.02
+    assert t1 / t0 == pytest.approx(shift, abs=0.5 * abs(shift - 1))   # ... it does to a similar layout
     rc, out, _ = run_cli(capsys, ["whatif", "--model", "8b", "--cluster", "h100x512", "--vary", "gpu=H100,B200",
                                   "--profile", str(cal), "--json"])
     rc0, out0, _ = run_cli(capsys, ["whatif", "--model", "8b", "--cluster", "h100x512", "--vary", "gpu=H100,B200",
                                     "--json"])
     p1, p0 = json.loads(out)["points"], json.loads(out0)["points"]
-    assert p1[0]["wall_time_days"] > 1.03 * p0[0]["wall_time_days"]      # H100: calibrated
+    assert p1[0]["wall_time_days"] / p0[0]["wall_time_days"] == pytest.approx(shift, abs=0.5 * abs(shift - 1))
     assert p1[1]["wall_time_days"] == pytest.approx(p0[1]["wall_time_days"])   # B200: shipped
 
 

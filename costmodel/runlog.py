@@ -13,7 +13,8 @@ What a log holds and where this reads it from:
   lines, first occurrence;
 - the tokenizer's ``> padded vocab (size: V) with N dummy tokens (new size: P)`` line (the padded vocabulary,
   which the dump does not hold);
-- the per-iteration lines of ``training_log`` (megatron/training/training.py)::
+- the per-iteration lines of ``training_log`` (megatron/training/training.py), or NeMo's progress-bar
+  ``train_step_timing in s=`` with its ``global_step``::
 
       [2024-06-12 10:15:42] iteration       10/     100 | consumed samples: 5120 | elapsed time per
       iteration (ms): 12345.6 | throughput per GPU (TFLOP/s/GPU): 456.7 | ... | global batch size:   512 | ...
@@ -47,6 +48,9 @@ _ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][-+]?\d+)?)")
 _TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.]+)")
 _GBS = re.compile(r"global batch size:\s*(\d+)")
+# NeMo (PyTorch Lightning progress bar): "Epoch 0: ... 5/100 [01:02<19:40, ..., global_step=4.000, ...,
+# train_step_timing in s=12.1]" (seconds, the last step)
+_NEMO_STEP = re.compile(r"global_step=([0-9.]+).*?train_step_timing in s=([0-9.]+(?:[eE][-+]?\d+)?)")
 _PADDED = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _DEVICE = re.compile(r"NVIDIA ((?:GB|[A-Z])\d{2,3}[A-Za-z]*(?:[- ]?\d+GB)?)")
 # Names the YAML fallback looks for (Megatron-Bridge / NeMo 2 configuration dumps use Megatron's names).
@@ -111,6 +115,9 @@ def parse_iterations(text: str) -> list[tuple[int, float, float | None, int | No
     for ln in text.splitlines():
         m = _ITER.search(ln)
         if not m:
+            n = _NEMO_STEP.search(ln)
+            if n:   # global_step counts finished steps before this one
+                out.append((int(float(n.group(1))) + 1, float(n.group(2)) * 1e3, None, None))
             continue
         rest = m.group(3)
         e = _ELAPSED.search(rest)
@@ -169,8 +176,7 @@ class _Args:
         return int(v)
 
     def flag(self, *names: str) -> bool:
-        v = self.get(*names)
-        return bool(v) and v is not False
+        return bool(self.get(*names))
 
 
 def _dense_layers(freq, layers: int) -> int:

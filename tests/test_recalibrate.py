@@ -143,6 +143,15 @@ def test_configuration_as_yaml_without_an_argument_dump():
     assert (p.tp, p.pp, p.dp, p.micro_batch, p.global_batch, p.sequence_parallel) == (4, 1, 2, 2, 128, True)
 
 
+def test_nemo_progress_bar_step_timing():
+    args = [ln for ln in log_text().splitlines() if " iteration " not in ln or "elapsed time" not in ln]
+    bar = [f"Epoch 0: : {i:3d}/30 [00:{i:02d}<01:00, reduced_train_loss=9.{i:02d}, global_step={i - 1}.000, "
+           f"consumed_samples={128 * i}.0, train_step_timing in s={ms / 1e3:.4f}]" for i, ms in enumerate(LOGGED_MS, 1)]
+    run = parse_megatron_log("\n".join(args + bar), "nemo.log", gpu="H100")
+    assert run.skipped == [1, 2, 3] and run.iterations == list(range(4, 31))
+    assert run.measurement.step_time_s == pytest.approx(statistics.median(LOGGED_MS[3:]) / 1e3, rel=1e-4)
+
+
 def test_bad_logs_are_one_line_errors_naming_file_and_field():
     with pytest.raises(InputError, match=r"^x\.log: field 'num_layers' is not in the log's argument dump"):
         parse_megatron_log(edit(log_text(), "num_layers", None), "x.log", gpu="H100")

@@ -631,6 +631,8 @@ def cmd_validate(argv: list[str]) -> int:
     con = console()
     for t in validation_tables(result["summary"]):
         con.print(t)
+    for gpu, prof in (override or {}).items():
+        con.print(f"{gpu} rows predicted with --profile {args.profile_file} ({prof.calibration.fitted_by})")
     if args.cross_validate:
         from rich.progress import Progress
 

@@ -99,7 +99,9 @@ def _key(t) -> tuple:
 
 def two_processes_on_one_study(url: str) -> float:
     """Start two `plan` processes at once on an empty storage; returns the share of duplicate configurations."""
-    procs = [_plan(url, "--seed", str(i)) for i in range(2)]
+    # On PostgreSQL the second process is given plain postgresql://, which runs on psycopg 3 too.
+    urls = [url, url.replace("postgresql+psycopg://", "postgresql://")]
+    procs = [_plan(u, "--seed", str(i)) for i, u in enumerate(urls)]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -234,3 +236,27 @@ def test_workers_end_with_their_parent(tmp_path):
                 os.kill(w, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
+
+
+def test_postgresql_urls_name_their_driver(monkeypatch):
+    import importlib.util
+
+    from costmodel.profiles import InputError
+    from planner.search import _storage_url
+
+    assert _storage_url("sqlite:///x.db") == "sqlite:///x.db"
+    real = importlib.util.find_spec
+    have = {"psycopg": True, "psycopg2": True}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if have.get(name) else
+                        (None if name in have else real(name, *a)))
+    assert _storage_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert _storage_url("postgres://u@h:5/db") == "postgresql+psycopg://u@h:5/db"
+    assert _storage_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
+    have["psycopg"] = False
+    assert _storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+    with pytest.raises(InputError, match=r"driver psycopg is not installed; pip install -e \"\.\[postgres\]\""):
+        _storage_url("postgresql+psycopg://u@h/db")
+    have["psycopg2"] = False
+    with pytest.raises(InputError, match=r"^--storage postgresql://u@h/db: .*\[postgres\]") as e:
+        _storage_url("postgresql://u@h/db")
+    assert "\n" not in str(e.value)

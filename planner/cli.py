@@ -818,6 +818,8 @@ def cmd_run(argv: list[str]) -> int:
     except LaunchError as e:
         print(f"plan run: failed: {e}", file=sys.stderr)
         return 1
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
     s = res.summary
     if args.json:
         print(json.dumps({k: v for k, v in s.items() if k not in ("model", "plan", "cluster")}, indent=1))

@@ -127,7 +127,10 @@ def manifest_layout(ckpt: Path) -> tuple[dict | None, int]:
 def metrics_steps(run_dir: Path) -> int:
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        return sum(1 for ln in path.read_text(errors="replace").splitlines() if ln.strip())
+        if not path.is_file():
+            return 0
+        with path.open(errors="replace") as f:
+            return sum(1 for ln in f if ln.strip())
     except OSError:
         return 0
 

@@ -122,20 +122,30 @@ def _available_memory_bytes() -> float | None:
     return avail
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGTERM, parent_runs: str | None = None) -> None:
     """Have the kernel send this process ``sig`` when its parent dies (Linux ``PR_SET_PDEATHSIG``, which
-    survives exec; used as torchrun's preexec_fn and by every worker). Elsewhere a no-op: there, `plan`
-    stops torchrun's process group itself."""
+    survives exec; used as torchrun's preexec_fn and by every worker). When the parent died before the call
+    (it is no longer the one at the start of the call, or its command line lacks ``parent_runs``: a worker
+    whose torchrun is already gone has been handed to init), ``sig`` is sent at once. Elsewhere a no-op:
+    there, `plan` stops torchrun's process group itself."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     parent = os.getppid()
     try:
-        if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0) == 0 and os.getppid() != parent:
-            os.kill(os.getpid(), sig)   # the parent died before the call
+        if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0) != 0:   # 1: PR_SET_PDEATHSIG
+            return
     except (OSError, AttributeError):
-        pass
+        return
+    orphan = os.getppid() != parent
+    if parent_runs is not None and not orphan:
+        try:
+            orphan = parent_runs not in Path(f"/proc/{parent}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            orphan = True
+    if orphan:
+        os.kill(os.getpid(), sig)
 
 
 def preflight(model: ModelSpec, plan: ParallelPlan, *, source: str = "plan") -> None:
@@ -330,7 +340,9 @@ class _AttemptLog:
     def header(self, what: str, notes: list[str]) -> None:
         n = 1
         try:
-            n += sum(1 for ln in self.path.read_text(errors="replace").splitlines() if ln.startswith(self.HEADER))
+            if self.path.is_file():   # (not a device or a pipe someone put there)
+                with self.path.open(errors="replace") as f:
+                    n += sum(1 for ln in f if ln.startswith(self.HEADER))
         except OSError:
             pass
         self._write(f"{self.HEADER} {n} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, {what}\n")

@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from executor.launch import die_with_parent
 
-    die_with_parent(signal.SIGKILL)   # a worker never outlives torchrun (killed, or stopped by `plan`)
+    # A worker never outlives torchrun (killed, or stopped by `plan`), even one torchrun started just before.
+    die_with_parent(signal.SIGKILL, parent_runs="torch" if "TORCHELASTIC_RUN_ID" in os.environ else None)
     args = parse_args(argv)
     record(train)(args)
     return 0

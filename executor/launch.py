@@ -236,6 +236,9 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
     except OSError as exc:
         raise InputError(f"{run}: cannot create the run directory ({exc.strerror}); choose a writable --run-dir") from None
     with RunLock(run):
+        done = _finished(run, plan, steps)
+        if done is not None:
+            return done
         resume, notes = choose_resume(run, plan, str(plan_path))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
                "-m", "executor.train", "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
@@ -256,6 +259,24 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
             raise LaunchError(f"{run}: {err} ({log.where()})")
         res = read_run(run)
     return RunResult(res.run_dir, res.summary, res.metrics, tuple(notes))
+
+
+def _finished(run: Path, plan: ParallelPlan, steps: int) -> RunResult | None:
+    """The run already in ``run`` when it trained this plan for at least ``steps`` steps (summary.json and
+    metrics.jsonl agree): rerunning a finished command returns it instead of training again."""
+    from executor.checkpoints import metrics_steps
+
+    try:
+        summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("plan") != plan.model_dump(mode="json"):
+        return None
+    if not isinstance(summary.get("steps"), int) or summary["steps"] < steps or metrics_steps(run) != summary["steps"]:
+        return None
+    res = read_run(run)
+    return RunResult(res.run_dir, res.summary, res.metrics,
+                     (f"{run}: already trained {summary['steps']} steps with this plan (summary.json); nothing run",))
 
 
 STOP_GRACE_S = 20.0

@@ -819,7 +819,14 @@ class _StudyLock:
 
             if self._con is None:
                 engine = sqlalchemy.create_engine(_storage_url(self.url), poolclass=sqlalchemy.pool.NullPool)
-                self._con = engine.connect()
+                try:
+                    self._con = engine.connect()
+                except sqlalchemy.exc.OperationalError as exc:
+                    from costmodel.profiles import InputError
+
+                    self.depth -= 1
+                    why = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+                    raise InputError(f"--storage {self.url}: cannot connect to the PostgreSQL server ({why})") from None
             self._con.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self.KEY})
             self._con.commit()
         return self

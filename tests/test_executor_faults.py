@@ -165,6 +165,9 @@ def test_checkpoints_kept_verified_and_resumed(tmp_path):
     for k in ("loss", "grad_norm"):                                # step 4 recomputed from step 3: the same
         assert res.metrics[3][k] == before[3][k]
     assert [p.name for p in checkpoints.step_dirs(run)] == ["step_6", "step_5"]
+    again = launch(plan, run, steps=6, dtype="fp32", checkpoint_every=1)    # finished: returned, not rerun
+    assert again.metrics == res.metrics and again.notes[0].endswith("already trained 6 steps with this plan "
+                                                                    "(summary.json); nothing run")
 
     other = write_plan(tmp_path / "dp2.json", "tiny-gpt", dp=2)
     with pytest.raises(InputError) as e:

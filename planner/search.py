@@ -898,6 +898,7 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
     with lock:
         study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,
                                     directions=["minimize"] * len(objectives), load_if_exists=True)
+        _locked_pop(study, lock)
         sig = space.signature(encoding, objectives)
         old = study.user_attrs.get("planner_space")
         if old is None:
@@ -912,9 +913,25 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
         # The seeds are enqueued once per study (the first process to get here), for its first n_trials.
         if enqueue and not study.user_attrs.get("planner_seeded"):
             for cfg in seeds[: max(1, n_trials // 4)]:
-                study.enqueue_trial(obj.params_of(cfg), skip_if_exists=True)
+                study.enqueue_trial(obj.params_of(cfg), skip_if_exists=True, user_attrs={OWNER_ATTR: _owner()})
             study.set_user_attr("planner_seeded", True)
     return space, study, obj, study_name, n_trials
+
+
+def _locked_pop(study, lock: "_StudyLock") -> None:
+    """Take waiting trials under the study's lock: on SQLite, Optuna's ``SELECT ... FOR UPDATE`` is a plain
+    SELECT, so two processes could both take one enqueued trial, both run it and both count it. (Study's
+    ``_pop_waiting_trial_id``, which ``Study.ask`` calls, is wrapped on this instance; where Optuna has no such
+    method the race is caught in ``_optimize``.)"""
+    pop = getattr(study, "_pop_waiting_trial_id", None)
+    if pop is None or lock.kind is None:
+        return
+
+    def locked():
+        with lock:
+            return pop()
+
+    study._pop_waiting_trial_id = locked
 
 
 def _n_complete(study) -> int:
@@ -1021,7 +1038,38 @@ def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress, target
                 races += 1
                 if not str(exc).startswith("Cannot tell a") or races > 100:
                     raise
+                first = True   # run one more even at the target: the trial this process enqueued is waiting
     return finished, stop.is_set()
+
+
+OWNER_ATTR = "planner_owner"
+"""User attribute of an enqueued trial: the process (host:pid) that enqueued it."""
+
+
+def _owner() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _drain(study, obj: _Objective, timeout_s) -> tuple[int, bool]:
+    """Run the trials this process enqueued that are still waiting (in a shared study, another process can
+    take the one it enqueued and leave it to run another's), so that none is left behind. Returns
+    (finished, interrupted)."""
+    import optuna
+
+    done = 0
+    for _ in range(10):
+        waiting = sum(t.user_attrs.get(OWNER_ATTR) == _owner() for t in
+                      study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        if not waiting:
+            break
+        finished, interrupted = _optimize(study, obj, waiting, timeout_s, None, run_first=True)
+        done += finished
+        if interrupted or not finished:
+            return done, interrupted
+    return done, False
 
 
 POLISH_FRACTION = 0.2
@@ -1112,7 +1160,8 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress, target: int
                 obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
                 if k in obj.cache or k in _taken(study, obj):
                     continue
-                study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}))
+                study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}),
+                                    user_attrs={OWNER_ATTR: _owner()})
             finished, interrupted = _optimize(study, obj, 1, _remaining(deadline),
                                               _shifted(progress, done, budget), target=target, run_first=True)
             done += finished
@@ -1313,6 +1362,9 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                             more, interrupted = _polish(study, obj, need - finished, deadline,
                                                         _shifted(progress, finished, need), target=base + need)
                             finished += more
+                    if not interrupted:
+                        more, interrupted = _drain(study, obj, timeout_s)
+                        finished += more
             except KeyboardInterrupt:
                 interrupted = True
                 finished = max(finished, min(need, _n_complete(study) - base))

@@ -113,10 +113,10 @@ def two_processes_on_one_study(url: str) -> float:
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     # No lost trial: every trial either process reports finished is in the study, none is left running,
     # waiting or failed; the study has the N finished trials asked for (each process stops once it has them,
-    # so at most one trial in flight in the other process goes past).
+    # so at most the trials in flight in both processes go past).
     assert states == {"COMPLETE": len(complete)}, states
     assert len(complete) == sum(o["trials"]["this_run"] for o in outs)
-    assert TRIALS <= len(complete) <= TRIALS + 1
+    assert TRIALS <= len(complete) <= TRIALS + 2
     assert all(o["trials"]["in_study"] >= o["trials"]["this_run"] for o in outs)
     assert all(not o["interrupted"] and o["plans"] for o in outs)
     keys = Counter(_key(t) for t in complete)

@@ -440,6 +440,9 @@ def _distinct_sampler(inner, obj: "_Objective", seed: int, tries: int | None = N
             return self.inner.infer_relative_search_space(study, trial)
 
         def sample_relative(self, study, trial, search_space):
+            # A first heartbeat now: Optuna's heartbeat thread starts after sampling, and a trial killed
+            # before any heartbeat would stay RUNNING for ever.
+            _beat(study, trial)
             params = self.inner.sample_relative(study, trial, search_space)
             if trial.system_attrs.get("fixed_params") or not obj.covers(search_space):
                 return params
@@ -943,6 +946,12 @@ def _n_complete(study) -> int:
 CLAIM = "planner_claim"
 """Trial system attribute: the configuration key a DistinctSampler drew for the trial, set as it starts
 (before the objective suggests the parameters), so that processes sharing the study do not draw it too."""
+
+
+def _beat(study, trial) -> None:
+    storage = study._storage
+    if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
+        storage.record_heartbeat(trial._trial_id)
 
 
 def _claim(study, trial, key) -> None:

@@ -7,7 +7,9 @@ Started by ``torchrun`` (see executor/launch.py), one process per rank:
 Rank 0 appends one JSON line per step to ``RUN_DIR/metrics.jsonl`` (step time, forward / backward / optimizer
 split, loss, grad norm, tokens/s, peak memory, and with experts the step's routing counts) and writes
 ``RUN_DIR/summary.json`` at the end. Every ``--checkpoint-every`` steps each rank saves its shard under
-``RUN_DIR/checkpoints/step_N/``; a restart with the same run directory resumes from the newest complete one.
+``RUN_DIR/checkpoints/step_N/`` and rank 0 its manifest (sha256 of every shard); the last two are kept, and a
+restart resumes from the newest one whose shards match (``executor.checkpoints``; launch passes it as
+--resume-from). A failed write (full disk, read-only filesystem) ends the rank with an OSError naming the path.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodel.specs import ModelSpec, ParallelPlan
+from executor.checkpoints import disk_error, write_atomic
 
 KILL_ENV = "PLAN_EXECUTOR_KILL"   # "RANK:STEP": that rank kills itself after STEP (checkpoint/resume tests)
 
@@ -43,7 +45,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--init", choices=("canonical", "megatron"), default="canonical",
                     help="canonical: identical weights for every layout of the model; megatron: its own init")
     ap.add_argument("--clip-grad", type=float, default=1.0)
+    ap.add_argument("--resume-from", default="auto",
+                    help="checkpoint folder to resume from, none, or auto (the newest usable one)")
     return ap.parse_args(argv)
+
+
+def _test_kill_hook(rank: int):
+    """What runs after each step: nothing, unless KILL_ENV ("RANK:STEP") asks this rank to SIGKILL itself
+    after STEP (the kill / resume tests)."""
+    kill = os.environ.get(KILL_ENV)
+    kill_rank, kill_step = (int(x) for x in kill.split(":")) if kill else (-1, -1)
+    if rank != kill_rank:
+        return lambda step: None
+
+    def hook(step: int) -> None:
+        if step == kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
 
 
 # Process set-up ---------------------------------------------------------------------------------------
@@ -124,12 +143,19 @@ def _rank_file(ckpt_dir: Path) -> Path:
     return ckpt_dir / f"rank{torch.distributed.get_rank():05d}.pt"
 
 
-def save_checkpoint(run_dir: Path, step: int, chunks, optimizer) -> None:
-    """Each rank writes its shard; rank 0 marks the step complete once all have written."""
+def save_checkpoint(run_dir: Path, step: int, chunks, optimizer, plan: ParallelPlan) -> None:
+    """Each rank writes its shard (through a temporary file, fsynced, renamed); rank 0 then writes the
+    manifest with every shard's sha256, which makes the step complete, and keeps the last two checkpoints
+    (``executor.checkpoints``). A failed write removes its temporary file and names the path."""
     import torch
 
+    from executor import checkpoints
+
     ckpt = run_dir / "checkpoints" / f"step_{step}"
-    ckpt.mkdir(parents=True, exist_ok=True)
+    try:
+        ckpt.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise checkpoints.disk_error(exc, ckpt, "the checkpoint folder") from None
     subs = []
     for sub in _sub_optimizers(optimizer):
         state = {"state": sub.state_dict()}
@@ -138,20 +164,24 @@ def save_checkpoint(run_dir: Path, step: int, chunks, optimizer) -> None:
         subs.append(state)
     state = {"step": step, "model": [c.state_dict() for c in chunks], "optimizer": subs,
              "rng": torch.get_rng_state()}
-    tmp = _rank_file(ckpt).with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, _rank_file(ckpt))
-    torch.distributed.barrier()
+    final = _rank_file(ckpt)
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        digest = checkpoints.sha256_file(final)
+    except OSError as exc:
+        checkpoints.remove_quietly(tmp)
+        raise checkpoints.disk_error(exc, final, "the checkpoint") from None
+    digests = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(digests, (final.name, digest))
     if torch.distributed.get_rank() == 0:
-        (ckpt / "COMPLETE").write_text(str(step))
-        for old in (run_dir / "checkpoints").glob("step_*"):
-            if old != ckpt and (old / "COMPLETE").exists():
-                shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = [p for p in (run_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").exists()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+        checkpoints.write_manifest(ckpt, step, plan, dict(digests))
+        checkpoints.prune(run_dir)
+    torch.distributed.barrier()
 
 
 def load_checkpoint(ckpt: Path, chunks, optimizer) -> int:
@@ -268,7 +298,12 @@ def train(args: argparse.Namespace) -> dict:
     source = (TokenFile(args.data, model.seq_len, vocab=model.vocab, dtype=args.data_dtype) if args.data
               else SyntheticTask(model.vocab, model.seq_len, seed=args.seed))
     start = 0
-    ckpt = latest_checkpoint(run_dir) if run_dir.exists() else None
+    if args.resume_from == "auto":   # started by hand: the newest usable checkpoint (launch chooses it itself)
+        from executor.checkpoints import choose_resume
+
+        ckpt = choose_resume(run_dir, plan, args.plan)[0]
+    else:
+        ckpt = None if args.resume_from == "none" else Path(args.resume_from)
     if ckpt is not None:
         start = load_checkpoint(ckpt, chunks, optimizer)
     counter = RoutingCounter(chunks, model.layers, model.num_experts, model.dense_layers) if model.is_moe else None
@@ -292,16 +327,14 @@ def train(args: argparse.Namespace) -> dict:
 
         return output, loss_func
 
-    kill = os.environ.get(KILL_ENV)
-    kill_rank, kill_step = (int(x) for x in kill.split(":")) if kill else (-1, -1)
+    after_step = _test_kill_hook(rank)
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
         if start == 0:
-            metrics_path.write_text("")
+            write_atomic(metrics_path, "", "metrics")
         else:   # drop lines of steps after the checkpoint (they will be recomputed)
             kept = [ln for ln in metrics_path.read_text().splitlines() if ln and json.loads(ln)["step"] <= start]
-            metrics_path.write_text("".join(k + "\n" for k in kept))
+            write_atomic(metrics_path, "".join(k + "\n" for k in kept), "metrics")
     tokens_per_step = plan.global_batch * model.seq_len
     last_stage_reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 \
         and ps.get_context_parallel_rank() == 0
@@ -330,12 +363,14 @@ def train(args: argparse.Namespace) -> dict:
             dup = 1 if config.sequence_parallel else plan.tp
             record["routing_counts"] = counter.step_counts(dup * plan.cp)
         if rank == 0:
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as exc:
+                raise disk_error(exc, metrics_path, "metrics") from None
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            save_checkpoint(run_dir, step + 1, chunks, optimizer)
-        if rank == kill_rank and step + 1 == kill_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            save_checkpoint(run_dir, step + 1, chunks, optimizer, plan)
+        after_step(step + 1)
     summary = summarize(metrics_path, model, plan, cuda) if rank == 0 else {}
     if rank == 0:
         cluster = json.loads(Path(args.plan).read_text()).get("cluster")
@@ -345,7 +380,8 @@ def train(args: argparse.Namespace) -> dict:
         summary["moe_routing_histogram"] = counter.moe_rows(counter.total)
         summary["moe_layers"] = counter.moe_layers
     if rank == 0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        summary["resumed_from_step"] = start
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n", "the summary")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return summary
@@ -367,6 +403,10 @@ def summarize(metrics_path: Path, model: ModelSpec, plan: ParallelPlan, cuda: bo
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from executor.launch import die_with_parent
+
+    # A worker never outlives torchrun (killed, or stopped by `plan`), even one torchrun started just before.
+    die_with_parent(signal.SIGKILL, parent_runs="torch" if "TORCHELASTIC_RUN_ID" in os.environ else None)
     args = parse_args(argv)
     record(train)(args)
     return 0

@@ -181,8 +181,10 @@ def cmd_search(argv: list[str]) -> int:
     ap.add_argument("--sampler", choices=("tpe", "cmaes", "nsga2"), default=None,
                     help="Optuna sampler (default tpe; nsga2 for several objectives)")
     ap.add_argument("--objectives", default="time", help="comma list of time, memory, gpus (Pareto front)")
-    ap.add_argument("--trials", type=_count, default=None, help="Optuna trials (default 10%% of the layouts, >= 50)")
-    ap.add_argument("--storage", default=None, help="Optuna storage URL, e.g. sqlite:///study.db (resumable)")
+    ap.add_argument("--trials", type=_count, default=None, help="finished Optuna trials the study should have "
+                    "(default 10%% of the layouts, >= 50); a resumed study runs only the rest")
+    ap.add_argument("--storage", default=None, help="Optuna storage URL, e.g. sqlite:///study.db or "
+                    "postgresql+psycopg://user@host/db (resumable, shareable by several processes)")
     ap.add_argument("--study-name", default=None, help="study to create or resume in --storage")
     ap.add_argument("--workers", type=_count, default=1, help="processes sharing --storage")
     ap.add_argument("--seed", type=int, default=0)
@@ -242,6 +244,9 @@ def cmd_search(argv: list[str]) -> int:
                "evaluated": res.evaluated, "plans": rows}
         if getattr(res, "study_name", None):
             out["study_name"] = res.study_name
+        if hasattr(res, "interrupted"):
+            out["interrupted"] = bool(res.interrupted)
+            out["trials"] = {"this_run": res.n_trials, "in_study": res.total_trials}
         if not res.any_fits:
             from planner.search import explain_no_fit
 
@@ -291,7 +296,10 @@ def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     kw = dict(sampler=args.sampler, n_trials=args.trials, objectives=objectives, storage=args.storage,
               study_name=args.study_name, seed=args.seed, timeout_s=args.timeout, workers=args.workers)
     if args.json:
-        return optuna_search(model, cluster, gbs, **kw)
+        res = optuna_search(model, cluster, gbs, **kw)
+        if res.interrupted:
+            print("plan: interrupted: finished trials are kept; showing the best so far", file=sys.stderr)
+        return res
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from planner.report import console
@@ -971,6 +979,8 @@ def cmd_run(argv: list[str]) -> int:
     except LaunchError as e:
         print(f"plan run: failed: {e}", file=sys.stderr)
         return 1
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
     s = res.summary
     if args.json:
         print(json.dumps({k: v for k, v in s.items() if k not in ("model", "plan", "cluster")}, indent=1))
@@ -1073,8 +1083,26 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _sigterm_as_interrupt():
+    """SIGTERM (a scheduler's or `kill`'s stop) is handled like Ctrl-C: every command stops cleanly, a
+    search keeps its finished trials, `plan run` stops its workers. Returns the handler to restore."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(*_):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
 def _dispatch(argv: list[str] | None) -> int:
+    import signal
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    previous = _sigterm_as_interrupt()
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return globals()[f"cmd_{argv[0]}"](argv[1:])   # plan SUBCOMMAND ...: cmd_SUBCOMMAND
@@ -1090,6 +1118,9 @@ def _dispatch(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -123,13 +123,18 @@ def ranked(plans: PlanArrays, scores: dict) -> SearchResult:
 #   from the study's own record of it (trial user attribute ``eval``), not re-scored; a resumed study fills
 #   the cache from its finished trials.
 # * Persistence: ``storage`` None keeps the study in memory; an RDB URL ("sqlite:///plan.db",
-#   "postgresql://...") persists every finished trial as it finishes, and the same storage + study name
-#   resumes (``load_if_exists``); n_trials counts the new trials. Optuna commits each trial as it ends, so
+#   "postgresql+psycopg://...") persists every finished trial as it finishes, and the same storage + study
+#   name resumes (``load_if_exists``). Optuna commits each trial as it ends, so
 #   Ctrl-C (the result comes back with ``interrupted=True``) or a killed process loses only the trial that was
-#   running; RDB storages get Optuna heartbeats, so a trial left RUNNING by a killed process is marked FAIL by
-#   the next process after 3 x HEARTBEAT_S. SQLite files are put in WAL mode. Several processes may share one
-#   RDB study: run the same ``plan`` command with the same ``--storage`` and ``--study-name`` in several
-#   shells, or pass ``workers=N`` (N spawned processes, each running its share of the trials).
+#   running; RDB storages get Optuna heartbeats, so a trial left RUNNING by a killed process is marked FAIL
+#   (and its configuration enqueued again) by the next trial started more than GRACE_S after it died. SIGTERM
+#   is handled like SIGINT. SQLite files are put in WAL mode. Several processes may share one RDB study
+#   (SQLite or PostgreSQL): run the same ``plan`` command with the same ``--storage`` and ``--study-name`` in
+#   several shells, or pass ``workers=N`` (N spawned processes that end with their parent). ``n_trials`` is
+#   the number of finished trials the study should have: each process stops once the study has them, and a
+#   resumed study runs only the rest. What Optuna does not make atomic between processes is done under
+#   ``_StudyLock``: the schema is created, and the seeds enqueued, once; a polish step or a sampled
+#   configuration that another process has running or waiting is not tried again.
 
 OPTUNA_KNOBS = ("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute", "zero_stage")
 """The sampled knobs; each is also a PlanArrays column (recompute there as its code)."""
@@ -435,13 +440,24 @@ def _distinct_sampler(inner, obj: "_Objective", seed: int, tries: int | None = N
             return self.inner.infer_relative_search_space(study, trial)
 
         def sample_relative(self, study, trial, search_space):
+            # A first heartbeat now: Optuna's heartbeat thread starts after sampling, and a trial killed
+            # before any heartbeat would stay RUNNING for ever.
+            _beat(study, trial)
             params = self.inner.sample_relative(study, trial, search_space)
             if trial.system_attrs.get("fixed_params") or not obj.covers(search_space):
                 return params
-            live = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING,
-                    optuna.trial.TrialState.PRUNED)
-            seen = {obj.key_of_params(t.params) for t in study.get_trials(deepcopy=False, states=live)
-                    if t.number != trial.number}
+            # Finished, running and waiting trials (an enqueued seed or polish step of another process too),
+            # and configurations other processes have drawn for trials they are starting: the draw and its
+            # claim are made under the study's lock.
+            with obj.lock:
+                params = self._distinct(study, trial, search_space, params)
+                key = obj.key_of_params(params)
+                if key is not None:
+                    _claim(study, trial, key)
+            return params
+
+        def _distinct(self, study, trial, search_space, params):
+            seen = _taken(study, obj, exclude=trial.number)
             for attempt in range(tries + 1):
                 # Knobs the inner sampler leaves to independent sampling (TPE's start-up trials, NSGA-II's
                 # mutation) are drawn here, uniformly, as the independent samplers would.
@@ -502,6 +518,7 @@ class _Objective:
         import optuna
 
         self.new_api = hasattr(optuna.trial.Trial, "set_constraint")
+        self.lock = _StudyLock(None)   # the study's lock once _prepare has opened a storage
 
     # parameters <-> configurations
     def params_of(self, cfg: dict) -> dict:
@@ -715,9 +732,33 @@ class _Objective:
         return vals[0] if len(vals) == 1 else vals
 
 
+def _storage_url(url: str) -> str:
+    """An RDB URL with its PostgreSQL driver made explicit: plain ``postgresql://`` (or ``postgres://``) runs
+    on psycopg 3 (the ``[postgres]`` extra) when it is installed, else on psycopg2; without either, or with a
+    ``+driver`` that is not installed, a one-line error says what to install."""
+    import importlib.util
+
+    from costmodel.profiles import InputError
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        return url
+    dialect, _, driver = scheme.partition("+")
+    have = {d: importlib.util.find_spec(m) is not None for d, m in (("psycopg", "psycopg"), ("psycopg2", "psycopg2"))}
+    if not driver:
+        driver = next((d for d in ("psycopg", "psycopg2") if have[d]), "")
+    if driver in have and not have[driver] or not driver:
+        raise InputError(f"--storage {url}: the PostgreSQL driver {driver or 'psycopg'} is not installed; "
+                         f"pip install -e \".[postgres]\" (psycopg 3) and use postgresql+psycopg://user@host/db")
+    return f"postgresql+{driver}://{rest}"
+
+
 def _open_storage(storage):
-    """None (in memory), an RDB URL, or an Optuna storage object. RDB storages get heartbeats so that the
-    trial a killed process left RUNNING is marked FAIL by the next process."""
+    """None (in memory), an RDB URL, or an Optuna storage object. RDB storages get heartbeats: a trial that a
+    killed process left RUNNING is marked FAIL by the next trial any process of the study starts more than
+    GRACE_S after its last heartbeat, and enqueued again (``RetryHeartbeatStaleTrialCallback``) so that its
+    configuration is still tried. Call it under ``_StudyLock``: creating the tables is not safe against a
+    second process doing the same."""
     import optuna
 
     if storage is None or not isinstance(storage, str):
@@ -726,10 +767,92 @@ def _open_storage(storage):
     if storage.startswith("sqlite"):
         kw["engine_kwargs"] = {"connect_args": {"timeout": 60}}
         _sqlite_wal(storage)
-    return optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S, grace_period=3 * HEARTBEAT_S, **kw)
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    if retry is not None:
+        kw["heartbeat_stale_trial_callback"] = retry(max_retry=1)
+    else:   # Optuna < 4.9
+        kw["failed_trial_callback"] = optuna.storages.RetryFailedTrialCallback(max_retry=1)
+    return optuna.storages.RDBStorage(_storage_url(storage), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                      **kw)
 
 
-HEARTBEAT_S = 10
+HEARTBEAT_S = 2
+GRACE_S = 10
+"""A running trial records a heartbeat every HEARTBEAT_S; one silent for GRACE_S belongs to a dead process."""
+
+
+class _StudyLock:
+    """A lock shared by every process of one RDB study, for what Optuna does not make atomic: creating the
+    schema (two processes on an empty database both try: "table studies already exists", UniqueViolation on
+    PostgreSQL), enqueueing the expert seeds and the polish steps once per study. SQLite: ``flock`` on the
+    file ``DB.lock`` beside the database; PostgreSQL: a session advisory lock (``pg_advisory_lock``). Other
+    storages are not locked. Re-entrant within a process."""
+
+    KEY = 0x706C616E   # "plan": the advisory lock's key
+
+    def __init__(self, storage):
+        self.url = storage if isinstance(storage, str) else None
+        self.kind = None
+        self.depth = 0
+        self._fh = self._con = None
+        if self.url is None:
+            return
+        if self.url.startswith("sqlite"):
+            path = self.url.split(":///", 1)[1].split("?", 1)[0] if ":///" in self.url else ""
+            if path and path != ":memory:":
+                self.kind, self.path = "sqlite", path + ".lock"
+        elif self.url.split("+")[0].split(":")[0] in ("postgresql", "postgres"):
+            self.kind = "postgresql"
+
+    def __enter__(self):
+        self.depth += 1
+        if self.depth > 1 or self.kind is None:
+            return self
+        if self.kind == "sqlite":
+            import fcntl
+
+            try:
+                self._fh = open(self.path, "a")
+            except OSError:   # no such folder and the like: the storage itself reports it
+                self._fh = None
+                return self
+            fcntl.flock(self._fh, fcntl.LOCK_EX)
+        else:
+            import sqlalchemy
+
+            if self._con is None:
+                engine = sqlalchemy.create_engine(_storage_url(self.url), poolclass=sqlalchemy.pool.NullPool)
+                try:
+                    self._con = engine.connect()
+                except sqlalchemy.exc.OperationalError as exc:
+                    from costmodel.profiles import InputError
+
+                    self.depth -= 1
+                    why = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+                    raise InputError(f"--storage {self.url}: cannot connect to the PostgreSQL server ({why})") from None
+            self._con.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self.KEY})
+            self._con.commit()
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.depth > 0 or self.kind is None:
+            return False
+        if self._fh is not None:
+            self._fh.close()   # releases the flock
+            self._fh = None
+        elif self._con is not None:
+            import sqlalchemy
+
+            self._con.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": self.KEY})
+            self._con.commit()
+        return False
+
+    def close(self) -> None:
+        if self._con is not None:
+            with contextlib.suppress(Exception):
+                self._con.close()
+            self._con = None
 
 
 def _sqlite_wal(url: str) -> None:
@@ -773,51 +896,143 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
         smp = _distinct_sampler(smp, obj, seed)
     if storage is not None and study_name is None:
         study_name = _default_study_name(space, objectives, encoding)
-    study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,
-                                directions=["minimize"] * len(objectives), load_if_exists=True)
-    sig = space.signature(encoding, objectives)
-    old = study.user_attrs.get("planner_space")
-    if old is None:
-        study.set_user_attr("planner_space", sig)
-    elif old != sig:
-        diff = [("knob values" if k == "choices" else f"{k} {old.get(k)} (now {sig[k]})")
-                for k in sig if old.get(k) != sig[k]]
-        raise InputError(f"study {study.study_name!r} in {storage} was made for another search: "
-                         f"{', '.join(diff)} differ; use another --study-name")
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    obj.remember(done)
-    if enqueue:
-        for cfg in seeds[: max(1, n_trials // 4)]:
-            study.enqueue_trial(obj.params_of(cfg), skip_if_exists=True)
+    lock = _StudyLock(storage)
+    obj.lock = lock
+    with lock:
+        study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,
+                                    directions=["minimize"] * len(objectives), load_if_exists=True)
+        _locked_pop(study, lock)
+        sig = space.signature(encoding, objectives)
+        old = study.user_attrs.get("planner_space")
+        if old is None:
+            study.set_user_attr("planner_space", sig)
+        elif old != sig:
+            diff = [("knob values" if k == "choices" else f"{k} {old.get(k)} (now {sig[k]})")
+                    for k in sig if old.get(k) != sig[k]]
+            raise InputError(f"study {study.study_name!r} in {storage} was made for another search: "
+                             f"{', '.join(diff)} differ; use another --study-name")
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        obj.remember(done)
+        # The seeds are enqueued once per study (the first process to get here), for its first n_trials.
+        if enqueue and not study.user_attrs.get("planner_seeded"):
+            for cfg in seeds[: max(1, n_trials // 4)]:
+                study.enqueue_trial(obj.params_of(cfg), skip_if_exists=True, user_attrs={OWNER_ATTR: _owner()})
+            study.set_user_attr("planner_seeded", True)
     return space, study, obj, study_name, n_trials
 
 
-def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tuple[int, bool]:
-    """Run n_trials new trials; returns (trials finished, interrupted)."""
+def _locked_pop(study, lock: "_StudyLock") -> None:
+    """Take waiting trials under the study's lock: on SQLite, Optuna's ``SELECT ... FOR UPDATE`` is a plain
+    SELECT, so two processes could both take one enqueued trial, both run it and both count it. (Study's
+    ``_pop_waiting_trial_id``, which ``Study.ask`` calls, is wrapped on this instance; where Optuna has no such
+    method the race is caught in ``_optimize``.)"""
+    pop = getattr(study, "_pop_waiting_trial_id", None)
+    if pop is None or lock.kind is None:
+        return
+
+    def locked():
+        with lock:
+            return pop()
+
+    study._pop_waiting_trial_id = locked
+
+
+def _n_complete(study) -> int:
+    import optuna
+
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+CLAIM = "planner_claim"
+"""Trial system attribute: the configuration key a DistinctSampler drew for the trial, set as it starts
+(before the objective suggests the parameters), so that processes sharing the study do not draw it too."""
+
+
+def _beat(study, trial) -> None:
+    storage = study._storage
+    if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
+        storage.record_heartbeat(trial._trial_id)
+
+
+def _claim(study, trial, key) -> None:
+    study._storage.set_trial_system_attr(trial._trial_id, CLAIM, [int(x) for x in key])
+
+
+def _trial_key(obj: "_Objective", t):
+    """The configuration key of a trial: its parameters, the fixed ones of a trial still waiting, or the one
+    claimed for a trial that is starting."""
+    if CLAIM in t.system_attrs:
+        return tuple(t.system_attrs[CLAIM])
+    # (a running trial's params are written one by one as the objective suggests them)
+    return obj.key_of_params({**t.params, **t.system_attrs.get("fixed_params", {})})
+
+
+def _taken(study, obj: "_Objective", exclude: int | None = None) -> set:
+    """Keys of every configuration the study has finished, running or waiting (all processes)."""
+    import optuna
+
+    S = optuna.trial.TrialState
+    return {_trial_key(obj, t) for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.RUNNING, S.PRUNED,
+                                                                                 S.WAITING))
+            if t.number != exclude}
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+@contextlib.contextmanager
+def _on_stop_signals(handler):
+    """Install ``handler`` for SIGINT and SIGTERM (main thread only) and restore the previous ones after."""
     import signal
+    import threading
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in _STOP_SIGNALS:
+            sig = getattr(signal, name)
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress, target: int | None = None,
+              run_first: bool = False) -> tuple[int, bool]:
+    """Run up to n_trials new trials, stopping early once the study (every process's trials) has ``target``
+    finished ones (checked after each trial, and before the first unless ``run_first``: a polish step this
+    process just enqueued is run, not left waiting); returns (trials finished here, interrupted)."""
     import threading
     import time
 
     finished = 0
     stop = threading.Event()
 
+    def reached(study_) -> bool:
+        return target is not None and _n_complete(study_) >= target
+
     def cb(study_, trial_):
         nonlocal finished
         finished += 1
         if progress is not None:
             progress(finished, n_trials)
-        if stop.is_set():
+        if stop.is_set() or reached(study_):
             study_.stop()
 
-    # Ctrl-C (SIGINT) asks the study to stop after the trial in flight, the way Optuna's own study.stop()
-    # ends a run: a KeyboardInterrupt raised inside Optuna's storage code can be lost or leave it half-way.
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Ctrl-C (SIGINT) and SIGTERM ask the study to stop after the trial in flight, the way Optuna's own
+    # study.stop() ends a run: a KeyboardInterrupt raised inside Optuna's storage code can be lost or leave it
+    # half-way, and the trial RUNNING.
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     races = 0
-    try:
-        while finished < n_trials and not stop.is_set():
+    first = run_first
+    with _on_stop_signals(lambda *_: stop.set()):
+        while finished < n_trials and not stop.is_set() and (first or not reached(study)):
+            first = False
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
@@ -832,10 +1047,38 @@ def _optimize(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tup
                 races += 1
                 if not str(exc).startswith("Cannot tell a") or races > 100:
                     raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+                first = True   # run one more even at the target: the trial this process enqueued is waiting
     return finished, stop.is_set()
+
+
+OWNER_ATTR = "planner_owner"
+"""User attribute of an enqueued trial: the process (host:pid) that enqueued it."""
+
+
+def _owner() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _drain(study, obj: _Objective, timeout_s) -> tuple[int, bool]:
+    """Run the trials this process enqueued that are still waiting (in a shared study, another process can
+    take the one it enqueued and leave it to run another's), so that none is left behind. Returns
+    (finished, interrupted)."""
+    import optuna
+
+    done = 0
+    for _ in range(10):
+        waiting = sum(t.user_attrs.get(OWNER_ATTR) == _owner() for t in
+                      study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        if not waiting:
+            break
+        finished, interrupted = _optimize(study, obj, waiting, timeout_s, None, run_first=True)
+        done += finished
+        if interrupted or not finished:
+            return done, interrupted
+    return done, False
 
 
 POLISH_FRACTION = 0.2
@@ -888,7 +1131,7 @@ def _climb_starts(obj: _Objective) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(ranking[:1] + family_best + over + penalised))
 
 
-def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[int, bool]:
+def _polish(study, obj: _Objective, budget: int, deadline, progress, target: int | None = None) -> tuple[int, bool]:
     """Hill-climb from the plans found, one trial at a time. The first plan of ``_climb_starts`` with an
     unseen valid neighbour (``_Objective.neighbours``: one knob one step away; once those are spent, a
     rule-breaking step repaired by a second knob) has its neighbours tried; the first that beats the best
@@ -903,8 +1146,12 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
 
     done, favoured = 0, set()
     obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    while done < budget and _remaining(deadline) != 0.0:
-        seen = set(obj.cache)
+
+    def reached() -> bool:
+        return target is not None and _n_complete(study) >= target
+
+    while done < budget and _remaining(deadline) != 0.0 and not reached():
+        seen = set(obj.cache) | _taken(study, obj)
         start, batch = None, []
         for key in _climb_starts(obj):
             batch = [k for k in obj.neighbours(key) if k not in seen]
@@ -917,32 +1164,45 @@ def _polish(study, obj: _Objective, budget: int, deadline, progress) -> tuple[in
         batch.sort(key=lambda k: not (_moves(start, k) & favoured))
         top = obj.best_key()
         for k in batch[: budget - done]:
-            study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}))
+            with obj.lock:
+                # Another process of the study may have tried, be trying or have enqueued this step.
+                obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+                if k in obj.cache or k in _taken(study, obj):
+                    continue
+                study.enqueue_trial(obj.params_of({"nodes": k[0], **_cfg_of_key(k[1:])}),
+                                    user_attrs={OWNER_ATTR: _owner()})
             finished, interrupted = _optimize(study, obj, 1, _remaining(deadline),
-                                              _shifted(progress, done, budget))
+                                              _shifted(progress, done, budget), target=target, run_first=True)
             done += finished
             if interrupted or not finished:
                 return done, interrupted
+            obj.remember(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
             if obj.best_key() != top:   # a new best: climb on from it
                 favoured = _moves(start, k)
+                break
+            if reached():
                 break
     return done, False
 
 
-def _search(study, obj: _Objective, n_trials: int, timeout_s, progress) -> tuple[int, bool]:
-    """``n_trials`` new trials in this process: the sampler's, then ``_polish`` (``polish_budget`` of
-    them), then the sampler's again for any of the polish budget left over. Returns (trials finished,
-    interrupted)."""
+def _search(study, obj: _Objective, n_trials: int, timeout_s, progress, base: int | None = None) -> tuple[int, bool]:
+    """``n_trials`` new trials: the sampler's, then ``_polish`` (``polish_budget`` of them), then the
+    sampler's again for any of the polish budget left over. Each phase also ends once the study (other
+    processes included) has ``base`` (default: its finished trials now) plus that phase's share of
+    ``n_trials`` finished trials. Returns (trials finished here, interrupted)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    base = _n_complete(study) if base is None else base
     n_polish = polish_budget(n_trials, obj.objectives)
-    finished, interrupted = _optimize(study, obj, n_trials - n_polish, timeout_s, _shifted(progress, 0, n_trials))
-    if interrupted or finished < n_trials - n_polish:
+    finished, interrupted = _optimize(study, obj, n_trials - n_polish, timeout_s, _shifted(progress, 0, n_trials),
+                                      target=base + n_trials - n_polish)
+    if interrupted or _remaining(deadline) == 0.0:
         return finished, interrupted
-    more, interrupted = _polish(study, obj, n_polish, deadline, _shifted(progress, finished, n_trials))
+    more, interrupted = _polish(study, obj, n_polish, deadline, _shifted(progress, finished, n_trials),
+                                target=base + n_trials)
     finished += more
     if not interrupted and finished < n_trials and _remaining(deadline) != 0.0:
         more, interrupted = _optimize(study, obj, n_trials - finished, _remaining(deadline),
-                                      _shifted(progress, finished, n_trials))
+                                      _shifted(progress, finished, n_trials), target=base + n_trials)
         finished += more
     return finished, interrupted
 
@@ -1041,9 +1301,10 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
 
     sampler: "tpe", "cmaes" (single objective) or "nsga2"; None picks tpe for one objective, nsga2 for
       several (an ``optuna.samplers.BaseSampler`` instance is used as given).
-    n_trials: new trials to run (default ``default_budget``: 10% of the valid plans, at least 50); a resumed
-      study keeps its finished trials and runs n_trials more. Expert seeds (``expert_seeds``) are enqueued
-      first and count as trials.
+    n_trials: finished trials the study should have (default ``default_budget``: 10% of the valid plans, at
+      least 50); a resumed study keeps its finished trials and runs only the rest, and processes sharing a
+      study each stop once it has n_trials. Expert seeds (``expert_seeds``) are enqueued once per study and
+      count as trials.
     objectives: any of "time" (step time), "memory" (peak memory), "gpus" (GPU count; the node count is then
       sampled over powers of two up to the cluster's nodes), minimised; several give a Pareto front.
     storage: None (in memory), an RDB URL such as "sqlite:///plan.db", or an Optuna storage. With a storage,
@@ -1051,11 +1312,12 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
     progress: called as progress(finished_trials, n_trials) after each trial (in-process runs; with
       workers > 1 the parent polls the storage and reports the study's new trials).
     timeout_s: stop starting new trials after this many seconds.
-    workers: processes sharing the RDB storage (each runs its share of n_trials with seed + its index);
-      only with a storage URL. ``cost`` must then be picklable (a module-level function).
+    workers: processes sharing the RDB storage (each runs its share of n_trials with seed + its index, and
+      ends with this process); only with a storage URL. ``cost`` must then be picklable (a module-level
+      function).
 
-    KeyboardInterrupt ends the search early: finished trials are kept (in the storage too) and the result,
-    best so far, has ``interrupted=True``.
+    KeyboardInterrupt, SIGINT or SIGTERM ends the search early: the trial in flight finishes, finished trials
+    are kept (in the storage too) and the result, best so far, has ``interrupted=True``.
     """
     import optuna
 
@@ -1084,26 +1346,40 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                 empty = PlanArrays.from_columns(0, global_batch=global_batch)
                 return OptunaResult(empty, {}, np.zeros(0, dtype=int), 0, objectives=objectives,
                                     pareto=np.zeros(0, dtype=int), nodes=np.zeros(0, dtype=int), sampler=name)
-            if workers == 1:
-                finished, interrupted = _search(study, obj, n_trials, timeout_s, progress)
-                evaluations = obj.evaluations
-            else:
-                # The enqueued seeds run here first, so that the workers never race for waiting trials; the
-                # polish sweep runs here last, over every worker's trials.
-                deadline = None if timeout_s is None else time.monotonic() + timeout_s
-                n_sampled = n_trials - polish_budget(n_trials, objectives)
-                waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-                finished, interrupted = _optimize(study, obj, min(waiting, n_sampled), timeout_s, progress)
-                if not interrupted and finished < n_sampled:
-                    more, interrupted, ev = _run_workers(
-                        study, model, cluster, global_batch, cost, sampler_name, n_sampled - finished, objectives,
-                        storage, study_name, seed, _shifted(progress, finished, n_trials), timeout_s, workers)
-                    finished, obj.evaluations = finished + more, obj.evaluations + ev
-                if not interrupted and finished < n_trials:
-                    more, interrupted = _polish(study, obj, n_trials - finished, deadline,
-                                                _shifted(progress, finished, n_trials))
-                    finished += more
-                evaluations = obj.evaluations
+            base = _n_complete(study)
+            need = max(0, n_trials - base)   # n_trials finished trials in the study: a resumed one runs the rest
+            finished, interrupted = 0, False
+            try:
+                with _on_stop_signals(_raise_interrupt):   # SIGTERM like Ctrl-C, between trials too
+                    if workers == 1:
+                        finished, interrupted = _search(study, obj, need, timeout_s, progress, base=base)
+                    else:
+                        # The enqueued seeds run here first, so that the workers never race for waiting trials;
+                        # the polish sweep runs here last, over every worker's trials.
+                        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                        n_sampled = need - polish_budget(need, objectives)
+                        waiting = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+                        finished, interrupted = _optimize(study, obj, min(waiting, n_sampled), timeout_s, progress,
+                                                          target=base + n_sampled)
+                        if not interrupted and _n_complete(study) < base + n_sampled:
+                            more, interrupted, ev = _run_workers(
+                                study, model, cluster, global_batch, cost, sampler_name, n_sampled - finished,
+                                objectives, storage, study_name, seed, _shifted(progress, finished, need), timeout_s,
+                                workers, target=base + n_sampled)
+                            finished, obj.evaluations = finished + more, obj.evaluations + ev
+                        if not interrupted and _n_complete(study) < base + need:
+                            more, interrupted = _polish(study, obj, need - finished, deadline,
+                                                        _shifted(progress, finished, need), target=base + need)
+                            finished += more
+                    if not interrupted:
+                        more, interrupted = _drain(study, obj, timeout_s)
+                        finished += more
+            except KeyboardInterrupt:
+                interrupted = True
+                finished = max(finished, min(need, _n_complete(study) - base))
+            finally:
+                obj.lock.close()
+            evaluations = obj.evaluations
             return _result(space, study, cost, objectives, name, finished, evaluations, interrupted,
                            study_name, storage)
     finally:
@@ -1119,10 +1395,37 @@ def _quiet_optuna_warnings() -> None:
     warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEsSampler")
 
 
+def die_with_parent(sig: int | None = None) -> None:
+    """Have the kernel send this process ``sig`` (default SIGTERM) when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere a thread that watches the parent's pid)."""
+    import ctypes
+    import os
+    import signal
+    import sys
+    import threading
+
+    sig = signal.SIGTERM if sig is None else sig
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0) == 0:   # 1: PR_SET_PDEATHSIG
+                if os.getppid() != parent:   # the parent died before the call
+                    os.kill(os.getpid(), sig)
+                return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _worker(args: dict, out) -> None:
     """One worker process of ``optuna_search(workers=N)``: load the shared study and run its trials."""
     import optuna
 
+    die_with_parent()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     _quiet_optuna_warnings()
     try:
@@ -1130,7 +1433,8 @@ def _worker(args: dict, out) -> None:
                                            args["objectives"], args["sampler"], args["storage"],
                                            args["study_name"], args["seed"], args["n_trials"], args["cost"],
                                            enqueue=False)
-        finished, interrupted = _optimize(study, obj, n, args["timeout_s"], None)
+        finished, interrupted = _optimize(study, obj, args["n_trials"], args["timeout_s"], None, target=args["target"])
+        obj.lock.close()
         out.put((finished, interrupted, obj.evaluations, None))
     except KeyboardInterrupt:
         out.put((0, True, 0, None))
@@ -1139,7 +1443,7 @@ def _worker(args: dict, out) -> None:
 
 
 def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, objectives, storage, study_name,
-                 seed, progress, timeout_s, workers) -> tuple[int, bool, int]:
+                 seed, progress, timeout_s, workers, target=None) -> tuple[int, bool, int]:
     import multiprocessing as mp
     import os
     import queue
@@ -1158,7 +1462,7 @@ def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, o
             continue
         args = dict(model=model, cluster=cluster, global_batch=global_batch, cost=cost, sampler=sampler,
                     n_trials=share, objectives=objectives, storage=storage, study_name=study_name,
-                    seed=seed + i, timeout_s=timeout_s)
+                    seed=seed + i, timeout_s=timeout_s, target=target)
         p = ctx.Process(target=_worker, args=(args, out), daemon=False)
         p.start()
         procs.append(p)

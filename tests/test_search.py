@@ -279,7 +279,7 @@ def _run_until(url: str, seed: int, n_complete: int, sig: int):
     return proc.returncode, out, err
 
 
-def test_sqlite_study_survives_sigint_and_sigkill_and_resumes(m70, tmp_path):
+def test_sqlite_study_survives_sigint_and_sigkill_and_resumes(m70, tmp_path, monkeypatch):
     model, cluster = m70
     url = f"sqlite:///{tmp_path / 'study.db'}"
     rc, out, err = _run_until(url, 0, 10, signal.SIGINT)
@@ -295,8 +295,24 @@ def test_sqlite_study_survives_sigint_and_sigkill_and_resumes(m70, tmp_path):
     assert len(before) >= len(after_int) + 8
     assert all(before[n] == p for n, p in after_int.items())   # the SIGKILLed run lost nothing older
 
-    res = optuna_search(model, cluster, GB, storage=url, study_name="resume", n_trials=15, seed=2)
+    study = optuna.load_study(study_name="resume", storage=url)
+    stale = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(stale) <= 1                                       # at most the trial in flight at the kill
+    # --trials N means N finished trials in the study: the resumed run completes to len(before) + 15. The
+    # killed process's heartbeat stopped; with a 1 s grace the first trial of the resumed run fails it.
+    import planner.search as ps
+
+    monkeypatch.setattr(ps, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(ps, "GRACE_S", 1)
+    time.sleep(1.5)
+    res = optuna_search(model, cluster, GB, storage=url, study_name="resume", n_trials=len(before) + 15, seed=2)
     assert res.n_trials == 15 and not res.interrupted
+    trials = optuna.load_study(study_name="resume", storage=url).get_trials()
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    for t in stale:   # failed by the heartbeat and its configuration tried again
+        assert trials[t.number].state == optuna.trial.TrialState.FAIL
+        retried = [u for u in trials if u.system_attrs.get("failed_trial") == t.number]
+        assert len(retried) == 1 and retried[0].state == optuna.trial.TrialState.COMPLETE
     now = {t.number: t.params for t in _complete(url)}
     assert all(now[n] == p for n, p in before.items())          # every finished trial is still there
     assert len(now) == len(before) + 15                         # and the resumed run added its own
@@ -305,6 +321,8 @@ def test_sqlite_study_survives_sigint_and_sigkill_and_resumes(m70, tmp_path):
     # Repeats of configurations scored before the kill are answered from the study, not re-scored.
     assert res.evaluations <= 15
     assert_all_valid(res, model)
+    again = optuna_search(model, cluster, GB, storage=url, study_name="resume", n_trials=len(now), seed=3)
+    assert again.n_trials == 0 and again.total_trials == len(now)   # already complete: nothing more to run
 
 
 def test_workers_share_one_sqlite_study(m70, tmp_path):

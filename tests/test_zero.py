@@ -169,8 +169,8 @@ def test_optuna_scores_fsdp_like_exhaustive_and_resumes(m70, tmp_path):
     assert all("zero_stage" in t.params for t in trials)
     assert optuna.load_study(study_name="z", storage=url).user_attrs["planner_space"]["choices"]["zero_stage"] == [1, 3]
     # Resumed: the stored study (with the knob) is accepted and grows.
-    more = optuna_search(m70, H100, 512, n_trials=5, seed=4, storage=url, study_name="z")
-    assert more.total_trials == 35
+    more = optuna_search(m70, H100, 512, n_trials=35, seed=4, storage=url, study_name="z")
+    assert more.total_trials == 35 and more.n_trials == 5
 
 
 def test_cmaes_index_encoding_has_the_knob(m70):

@@ -116,8 +116,9 @@ class HardwareProfile(_Frozen):
     (a profile measured by ``plan profile`` with the gloo backend)."""
     generation: str = ""
     """GPU architecture generation (volta, ampere, hopper, blackwell), from the vendor's datasheet: the level
-    at which calibration factors are pooled across GPU types (costmodel/validate.py fit_profiles). Empty:
-    pooled with every other GPU only."""
+    at which calibration factors are pooled across GPU types (costmodel/validate.py fit_profiles), the class
+    of a plan's P10-P90 interval and its GPU family for support (costmodel/trust.py). Empty: pooled with
+    every other GPU only, the intervals of all GPUs, no support."""
     aliases: tuple[str, ...] = ()
     """Other spellings that resolve to this profile (case-insensitive)."""
     sources: dict[str, str]

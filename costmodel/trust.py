@@ -176,8 +176,8 @@ def row_bounds(fit: dict, paths: list[tuple[str, ...]], support: np.ndarray) -> 
 
 def describe_run(row: int, source_id: str, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> dict:
     """A validated run as the support table holds it."""
-    parts = [f"tp{plan.tp}", f"pp{plan.pp}"] + [f"{k}{getattr(plan, k)}" for k in ("vpp", "cp", "ep")
-                                                 if getattr(plan, k) > 1] + [f"dp{plan.dp}"]
+    parts = [f"tp{plan.tp}", f"pp{plan.pp}"] + ([f"vpp{plan.vpp}"] if plan.vpp > 1 else []) + [f"dp{plan.dp}"] \
+        + [f"{k}{getattr(plan, k)}" for k in ("cp", "ep") if getattr(plan, k) > 1]
     if plan.zero_stage >= FSDP_MIN_STAGE:
         parts.append("fsdp")
     return {"row": row, "source_id": source_id, "model_name": model.name, "gpu_type": cluster.gpu,

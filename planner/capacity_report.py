@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from planner.capacity import DAY_S, HOUR_S, NUMERIC, CapacityPoint, fmt_usd, pareto
-from planner.report import layout
+from planner.report import layout, sig
 
 GB = 1e9
 
@@ -28,12 +28,21 @@ def _dur(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
-def _ranged(p: CapacityPoint, value: float, fmt) -> str:
-    """'48.3 d (45.1 d-53.0 d)': the P50 value and its P10-P90 (scaled with the step time)."""
+def _ranged(p: CapacityPoint, value: float, fmt, unit_of) -> str:
+    """'48.3 d (45-53)': the P50 value and its P10-P90 (scaled with the step time) in the P50's unit."""
     lo, hi = p.at("p10"), p.at("p90")
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(value)):
         return fmt(value)
-    return f"{fmt(value)} ({fmt(value * lo)}-{fmt(value * hi)})"
+    div = unit_of(value)
+    return f"{fmt(value)} ({sig(value * lo / div, 2)}-{sig(value * hi / div, 2)})"
+
+
+def _dur_unit(s: float) -> float:
+    return DAY_S if s >= DAY_S else HOUR_S if s >= HOUR_S else 60.0 if s >= 60 else 1.0
+
+
+def _usd_unit(x: float) -> float:
+    return next((d for d in (1e9, 1e6, 1e3) if abs(x) >= d), 1.0)
 
 
 def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], best: CapacityPoint | None = None) -> Table:
@@ -58,9 +67,9 @@ def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], bes
         lay = layout(pl) + f" mbs{pl['micro_batch']}" + ("" if pl["recompute"] == "none" else f" {pl['recompute']}")
         g = p.goodput
         row = head + [lay, f"{p.tokens_per_s_per_gpu:.0f}", f"{p.mfu * 100:.1f}%", _dur(p.train_time_s), _dur(g.mtbf_s),
-                      _dur(g.interval_s), f"{g.goodput * 100:.1f}%", _ranged(p, p.wall_time_s, _dur),
-                      _ranged(p, p.gpu_hours, lambda x: f"{x / 1e6:.2f}M"),
-                      "-" if p.cost_usd is None else _ranged(p, p.cost_usd, fmt_usd)]
+                      _dur(g.interval_s), f"{g.goodput * 100:.1f}%", _ranged(p, p.wall_time_s, _dur, _dur_unit),
+                      _ranged(p, p.gpu_hours, lambda x: f"{x / 1e6:.2f}M", lambda x: 1e6),
+                      "-" if p.cost_usd is None else _ranged(p, p.cost_usd, fmt_usd, _usd_unit)]
         if show_meets:
             row.append("yes" if p.meets and all(p.meets.values()) else
                        "[red]no[/red] (" + ", ".join(k for k, v in p.meets.items() if not v) + ")")

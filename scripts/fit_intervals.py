@@ -97,7 +97,7 @@ def main() -> None:
         sel = np.array([p[0] == c for p in paths])
         used, q = trust.lookup(fit["classes"], next(p for p in paths if p[0] == c))
         by_class[c] = {"rows": int(sel.sum()), "quantiles_from": used, "q": q,
-                       "in_sample": trust.coverage(res[sel], lo_in[sel], hi_in[sel]),
+                       "shipped_support": trust.coverage(res[sel], lo_now[sel], hi_now[sel]),
                        "held_out": trust.coverage(res[sel], lo_out[sel], hi_out[sel])}
     report = {
         "in_sample": trust.coverage(res, lo_in, hi_in),
@@ -133,11 +133,11 @@ def main() -> None:
     print(f"thin support (< {trust.THIN_SUPPORT} runs): {int(thin.sum())} rows in their training fold, "
           f"{report['thin_support_rows_shipped']} against the shipped table; width factor {fit['thin_width_factor']}")
     print(f"P50 MAPE: point estimate {mape_point:.1f}%, shifted by the class median {mape_shift:.1f}%")
-    print(f"{'class':28s} {'rows':>5s}  {'quantiles from':22s} {'P10':>6s} {'P50':>6s} {'P90':>6s}  in-sample  held-out")
+    print(f"{'class':28s} {'rows':>5s}  {'quantiles from':22s} {'P10':>6s} {'P50':>6s} {'P90':>6s}  as shipped  held-out")
     for c, v in by_class.items():
         q = v["q"]
         print(f"{c:28s} {v['rows']:5d}  {v['quantiles_from']:22s} {math.exp(q[0]):6.3f} {math.exp(q[1]):6.3f} "
-              f"{math.exp(q[2]):6.3f}  {v['in_sample']['inside']:4d}/{v['rows']:<4d} "
+              f"{math.exp(q[2]):6.3f}  {v['shipped_support']['inside']:4d}/{v['rows']:<4d} "
               f"{v['held_out']['inside']:4d}/{v['rows']:<4d}")
 
 

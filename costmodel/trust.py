@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.profiles import PROFILE_DIR, InputError, load_profile
+from costmodel.profiles import PROFILE_DIR, InputError, file_version, load_profile
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 TRUST_DIR = PROFILE_DIR / "trust"
@@ -245,11 +245,7 @@ def coverage(residuals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 
 def _read_json(path: Path) -> dict:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found (package data; rebuild with scripts/fit_intervals.py)") from None
-    return _parse_json(path, st.st_mtime_ns, st.st_size)
+    return _parse_json(path, *file_version(path, "file not found (package data; rebuild with scripts/fit_intervals.py)"))
 
 
 @lru_cache(maxsize=8)

@@ -83,7 +83,8 @@ def class_quantiles(residuals: np.ndarray, paths: list[tuple[str, ...]], prior_r
     """{class: {"n": residuals in it, "q": blended quantiles}} for every class on the given paths.
 
     A class's raw conformal quantile is blended with its parent's: (n q_raw + prior_rows q_parent) /
-    (n + prior_rows); where q_raw does not exist (too few residuals) the parent's is taken."""
+    (n + prior_rows); where q_raw does not exist (too few residuals) the parent's is taken, widened to the
+    class's smallest / largest residual when that lies outside it."""
     res = np.asarray(residuals, dtype=float)
     members: dict[str, list[int]] = {}
     for i, path in enumerate(paths):
@@ -103,7 +104,9 @@ def class_quantiles(residuals: np.ndarray, paths: list[tuple[str, ...]], prior_r
             if up is None:
                 q.append(raw if math.isfinite(raw) else (float(r.min()) if lv < 0.5 else float(r.max())))
             elif not math.isfinite(raw):
-                q.append(up)
+                # Too few residuals for the rank: the parent's quantile, but never inside the class's own
+                # residuals (a thin class is wider than its data, not narrower).
+                q.append(min(up, float(r.min())) if lv < 0.5 else max(up, float(r.max())) if lv > 0.5 else up)
             else:
                 q.append((n * raw + prior_rows * up) / (n + prior_rows))
         out[c] = {"n": n, "q": [round(x, 5) for x in q]}
@@ -139,13 +142,15 @@ def thin_width_factor(residuals: np.ndarray, qs: list[list[float]], thin: np.nda
 
 
 def fit_intervals(residuals: np.ndarray, paths: list[tuple[str, ...]], support: np.ndarray,
-                  prior_rows: float, folds: list[str] | None = None) -> dict:
+                  prior_rows: float, folds: list[str] | None = None, width_factor: float = 1.0) -> dict:
     """Class quantiles and the thin-support width factor from CV residuals, each row's class path and the
     count of validated runs near it in its training fold.
 
     With ``folds`` the width factor is measured out of fold: each thin row against the class quantiles
     fitted without its fold (a thin-support plan is one unlike the runs the intervals were fitted on, so
-    its interval must hold on rows the quantiles did not see); without, in-sample."""
+    its interval must hold on rows the quantiles did not see); without, in-sample. ``width_factor`` widens
+    every interval about P50 (chosen by the script: 1 unless a wider one has the lower nested quantile loss);
+    a thin-support plan gets the larger of the two factors."""
     res, sup = np.asarray(residuals, float), np.asarray(support)
     classes = class_quantiles(res, paths, prior_rows)
     if folds is None:
@@ -160,15 +165,22 @@ def fit_intervals(residuals: np.ndarray, paths: list[tuple[str, ...]], support: 
                 qs[i] = lookup(other, paths[i])[1]
     factor = thin_width_factor(res, qs, sup < THIN_SUPPORT)
     return {"levels": list(LEVELS), "prior_rows": prior_rows, "thin_support": THIN_SUPPORT,
-            "thin_width_factor": factor, "classes": classes}
+            "width_factor": width_factor, "thin_width_factor": factor, "classes": classes}
+
+
+def width_factors(fit: dict) -> tuple[float, float]:
+    """(supported, thin) widening of the class intervals under ``fit``."""
+    k = fit.get("width_factor", 1.0)
+    return k, max(k, fit["thin_width_factor"])
 
 
 def row_bounds(fit: dict, paths: list[tuple[str, ...]], support: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """P10 and P90 log bounds of each row under ``fit``."""
     lo, hi = [], []
+    k_ok, k_thin = width_factors(fit)
     for p, s in zip(paths, support):
         q = lookup(fit["classes"], p)[1]
-        a, b = widened(q, fit["thin_width_factor"] if s < fit["thin_support"] else 1.0)
+        a, b = widened(q, k_thin if s < fit["thin_support"] else k_ok)
         lo.append(a)
         hi.append(b)
     return np.array(lo), np.array(hi)
@@ -219,7 +231,7 @@ def cv_inputs(runs: list[dict], rows: list[dict]) -> dict:
 
 
 def held_out_bounds(residuals: np.ndarray, paths: list[tuple[str, ...]], support: np.ndarray, folds: list[str],
-                    prior_rows: float) -> tuple[np.ndarray, np.ndarray]:
+                    prior_rows: float, width_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Each row's P10 / P90 log bounds with the intervals fitted without its fold (nested cross-validation
     of the conformal step itself: how the shipped intervals do on a source they have not seen)."""
     res, sup, fold = np.asarray(residuals, float), np.asarray(support), np.array(folds)
@@ -227,7 +239,7 @@ def held_out_bounds(residuals: np.ndarray, paths: list[tuple[str, ...]], support
     for f in sorted(set(folds)):
         test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
         fit = fit_intervals(res[train], [paths[i] for i in train], sup[train], prior_rows,
-                            [folds[i] for i in train])
+                            [folds[i] for i in train], width_factor)
         lo[test], hi[test] = row_bounds(fit, [paths[i] for i in test], sup[test])
     return lo, hi
 
@@ -323,8 +335,9 @@ def step_intervals(model: ModelSpec, cluster: ClusterSpec, plans, step_time_s: n
     _, q = interval_class(model, cluster, data)
     support = support_counts(model, cluster, plans, framework=framework)
     thin = support < data["thin_support"]
-    lo0, hi0 = widened(q, 1.0)
-    lo1, hi1 = widened(q, data["thin_width_factor"])
+    k_ok, k_thin = width_factors(data)
+    lo0, hi0 = widened(q, k_ok)
+    lo1, hi1 = widened(q, k_thin)
     t = np.asarray(step_time_s, dtype=float)
     return {"step_time_p10_s": t * np.where(thin, math.exp(lo1), math.exp(lo0)),
             "step_time_p90_s": t * np.where(thin, math.exp(hi1), math.exp(hi0)),

@@ -455,8 +455,9 @@ def nested_interval_coverage(path: str | Path, cv_rows: list[dict]) -> dict:
 
     cases, _ = load_cases(path)
     d = trust.cv_inputs(run_descriptors(cases), cv_rows)
-    lo, hi = trust.held_out_bounds(d["residuals"], d["paths"], d["support"], d["folds"],
-                                   trust.intervals_data()["prior_rows"])
+    fit = trust.intervals_data()
+    lo, hi = trust.held_out_bounds(d["residuals"], d["paths"], d["support"], d["folds"], fit["prior_rows"],
+                                   fit.get("width_factor", 1.0))
     return trust.coverage(d["residuals"], lo, hi)
 
 

@@ -116,8 +116,9 @@ class HardwareProfile(_Frozen):
     (a profile measured by ``plan profile`` with the gloo backend)."""
     generation: str = ""
     """GPU architecture generation (volta, ampere, hopper, blackwell), from the vendor's datasheet: the level
-    at which calibration factors are pooled across GPU types (costmodel/validate.py fit_profiles). Empty:
-    pooled with every other GPU only."""
+    at which calibration factors are pooled across GPU types (costmodel/validate.py fit_profiles), the class
+    of a plan's P10-P90 interval and its GPU family for support (costmodel/trust.py). Empty: pooled with
+    every other GPU only, the intervals of all GPUs, no support."""
     aliases: tuple[str, ...] = ()
     """Other spellings that resolve to this profile (case-insensitive)."""
     sources: dict[str, str]
@@ -291,13 +292,18 @@ def profile_paths(root: Path = PROFILE_DIR) -> list[Path]:
     return sorted((root / "gpus").glob("*.yaml"))
 
 
-def _load_profile_file(path: Path) -> HardwareProfile:
-    """The profile in ``path``, parsed once per version of the file (a rewritten file is read again)."""
+def file_version(path: Path, missing: str = "file not found") -> tuple[int, int]:
+    """(mtime_ns, size) of a file: the key its parse is cached under, so a rewritten file is read again."""
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    return _parse_profile_file(path, st.st_mtime_ns, st.st_size)
+        raise InputError(f"{path}: {missing}") from None
+    return st.st_mtime_ns, st.st_size
+
+
+def _load_profile_file(path: Path) -> HardwareProfile:
+    """The profile in ``path``, parsed once per version of the file (a rewritten file is read again)."""
+    return _parse_profile_file(path, *file_version(path))
 
 
 @lru_cache(maxsize=64)

@@ -406,7 +406,7 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                          "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
-        pred.pop("plan")
+        pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"]))
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                      "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": c.published_step_time_s,
                      "error": None if ok else "non-finite prediction",
@@ -416,6 +416,49 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                      "ape": None})
     rows.sort(key=lambda r: r["row"])
     return {"rows": rows, "summary": summarize(rows)}
+
+
+def interval_fields(case: Case, plan: ParallelPlan, step_time_s: float) -> dict:
+    """P10 / P90 of a predicted row (costmodel/trust.py) and the validated runs near it."""
+    from costmodel.trust import INTERVALS_FILE, RUNS_FILE, step_intervals
+
+    # Without the shipped files (while scripts/fit_intervals.py bootstraps them) there is no interval.
+    if not math.isfinite(step_time_s) or not (INTERVALS_FILE.exists() and RUNS_FILE.exists()):
+        return {"predicted_p10_step_time_s": None, "predicted_p90_step_time_s": None, "support_runs": None}
+    iv = step_intervals(case.model, case.cluster, PlanArrays.from_plans([plan]), np.array([step_time_s]),
+                        plan.framework)
+    return {"predicted_p10_step_time_s": float(iv["step_time_p10_s"][0]),
+            "predicted_p90_step_time_s": float(iv["step_time_p90_s"][0]), "support_runs": int(iv["support_runs"][0])}
+
+
+def interval_coverage(rows: list[dict]) -> dict:
+    """How many published step times fall inside their row's P10-P90."""
+    sel = [r for r in rows if r.get("predicted_p10_step_time_s") is not None and r.get("published_step_time_s")]
+    inside = sum(1 for r in sel if r["predicted_p10_step_time_s"] <= r["published_step_time_s"]
+                 <= r["predicted_p90_step_time_s"])
+    below = sum(1 for r in sel if r["published_step_time_s"] < r["predicted_p10_step_time_s"])
+    return {"rows": len(sel), "inside": inside, "below_p10": below, "above_p90": len(sel) - inside - below,
+            "fraction": round(inside / len(sel), 4) if sel else None}
+
+
+def run_descriptors(cases: list[Case]) -> list[dict]:
+    """The cases as the support table holds them (costmodel.trust.describe_run)."""
+    from costmodel.trust import describe_run
+
+    return [describe_run(c.row, c.source_id, c.model, c.cluster, c.plan) for c in cases]
+
+
+def nested_interval_coverage(path: str | Path, cv_rows: list[dict]) -> dict:
+    """Coverage of held-out rows by intervals refitted without their fold (the shipped blending strength):
+    how the intervals do on a source they have not seen."""
+    from costmodel import trust
+
+    cases, _ = load_cases(path)
+    d = trust.cv_inputs(run_descriptors(cases), cv_rows)
+    fit = trust.intervals_data()
+    lo, hi = trust.held_out_bounds(d["residuals"], d["paths"], d["support"], d["folds"], fit["prior_rows"],
+                                   fit.get("width_factor", 1.0))
+    return trust.coverage(d["residuals"], lo, hi)
 
 
 def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | None = None) -> list:
@@ -558,7 +601,8 @@ def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tupl
     for c in (c for c in cases if held_out(c, scheme, key)):
         pred = predict_case(c, profiles[c.cluster.gpu])
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type, "model_name": c.model.name,
-                     **case_features(c), "predicted_step_time_s": pred["predicted_step_time_s"],
+                     **case_features(c), "fold": key, **interval_fields(c, pred["plan"], pred["predicted_step_time_s"]),
+                     "predicted_step_time_s": pred["predicted_step_time_s"],
                      "published_step_time_s": c.published_step_time_s, "fits": pred["fits"], "error": None,
                      "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
     out = {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}

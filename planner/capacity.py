@@ -231,6 +231,9 @@ class CapacityPoint:
     evaluated: int
     plan: ParallelPlan | None = None
     step_time_s: float = math.nan
+    step_time_p10_s: float = math.nan       # P10-P90 of the step time (costmodel/trust.py)
+    step_time_p90_s: float = math.nan
+    support_runs: int | None = None         # validated runs near the plan
     tokens_per_s_per_gpu: float = math.nan
     mfu: float = math.nan
     peak_memory_bytes: float = math.nan
@@ -261,6 +264,21 @@ class CapacityPoint:
     def cost_usd(self) -> float | None:
         return None if self.price_per_gpu_hour_usd is None else self.gpu_hours * self.price_per_gpu_hour_usd
 
+    def at(self, level: str) -> float:
+        """Factor from the P50 point to its P10 or P90: wall time, GPU-hours and cost scale with the step
+        time (goodput does not depend on it)."""
+        t = self.step_time_p10_s if level == "p10" else self.step_time_p90_s
+        return t / self.step_time_s if math.isfinite(t) and self.step_time_s > 0 else math.nan
+
+    def ranges(self) -> dict:
+        """P10 and P90 of the wall time, GPU-hours and cost."""
+        out = {}
+        for lv in ("p10", "p90"):
+            f = self.at(lv)
+            out.update({f"wall_time_days_{lv}": self.wall_time_s / DAY_S * f, f"gpu_hours_{lv}": self.gpu_hours * f,
+                        f"cost_usd_{lv}": None if self.cost_usd is None else self.cost_usd * f})
+        return out
+
     def to_dict(self) -> dict:
         sc = self.scenario
         d = {"cluster": sc.cluster.name, "source": sc.source, "gpu": sc.cluster.gpu, "gpus": self.gpus,
@@ -277,6 +295,8 @@ class CapacityPoint:
                   "train_time_s": self.train_time_s, "wall_time_s": self.wall_time_s,
                   "wall_time_days": self.wall_time_s / DAY_S, "gpu_hours": self.gpu_hours,
                   "price_per_gpu_hour_usd": self.price_per_gpu_hour_usd, "cost_usd": self.cost_usd,
+                  "step_time_p10_s": self.step_time_p10_s, "step_time_p90_s": self.step_time_p90_s,
+                  "support_runs": self.support_runs, **self.ranges(),
                   "goodput": self.goodput.summary()})
         if self.meets:
             d["meets"] = self.meets
@@ -312,6 +332,9 @@ def plan_point(sc: Scenario, a: Assumptions) -> CapacityPoint:
         return point
     point.plan = plan_at(res.plans, i)
     point.step_time_s = float(s["step_time_s"][i])
+    point.step_time_p10_s = float(s["step_time_p10_s"][i])
+    point.step_time_p90_s = float(s["step_time_p90_s"][i])
+    point.support_runs = int(s["support_runs"][i])
     point.tokens_per_s_per_gpu = float(s["tokens_per_s_per_gpu"][i])
     point.mfu = float(s["mfu"][i])
     point.peak_memory_bytes = peak
@@ -409,9 +432,12 @@ def fmt_usd(x: float | None) -> str:
 
 
 def describe(p: CapacityPoint) -> str:
-    cost = f", {fmt_usd(p.cost_usd)}" if p.cost_usd is not None else ""
+    lo, hi = p.at("p10"), p.at("p90")
+    cost = (f", {fmt_usd(p.cost_usd)} (P10-P90 {fmt_usd(p.cost_usd * lo)}-{fmt_usd(p.cost_usd * hi)})"
+            if p.cost_usd is not None else "")
     return (f"{p.gpus} x {p.gpu_type} ({p.scenario.cluster.name}): {_fmt_days(p.wall_time_s)} wall "
-            f"(goodput {p.goodput.goodput * 100:.1f}%), {p.gpu_hours / 1e6:.2f}M GPU-hours{cost}")
+            f"(P10-P90 {_fmt_days(p.wall_time_s * lo)}-{_fmt_days(p.wall_time_s * hi)}; goodput "
+            f"{p.goodput.goodput * 100:.1f}%), {p.gpu_hours / 1e6:.2f}M GPU-hours{cost}")
 
 
 def decide(points: list[CapacityPoint], deadline_s: float | None = None,

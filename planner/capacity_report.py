@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from planner.capacity import DAY_S, HOUR_S, NUMERIC, CapacityPoint, fmt_usd, pareto
-from planner.report import layout
+from planner.report import layout, sig
 
 GB = 1e9
 
@@ -28,14 +28,31 @@ def _dur(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
+def _ranged(p: CapacityPoint, value: float, fmt, unit_of) -> str:
+    """'48.3 d (45-53)': the P50 value and its P10-P90 (scaled with the step time) in the P50's unit."""
+    lo, hi = p.at("p10"), p.at("p90")
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(value)):
+        return fmt(value)
+    div = unit_of(value)
+    return f"{fmt(value)} ({sig(value * lo / div, 2)}-{sig(value * hi / div, 2)})"
+
+
+def _dur_unit(s: float) -> float:
+    return DAY_S if s >= DAY_S else HOUR_S if s >= HOUR_S else 60.0 if s >= 60 else 1.0
+
+
+def _usd_unit(x: float) -> float:
+    return next((d for d in (1e9, 1e6, 1e3) if abs(x) >= d), 1.0)
+
+
 def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], best: CapacityPoint | None = None) -> Table:
     t = Table(title=title, header_style="bold")
     # gpus and gpu are always shown (as GPUs and GPU); other varied quantities get a column first.
     dims = [d for d in dims if d not in ("gpus", "gpu")]
     cols = [(d, "left") for d in dims] + [("GPUs", "right"), ("GPU", "left"), ("layout", "left"),
             ("tok/s/GPU", "right"), ("MFU", "right"), ("no-failure", "right"), ("MTBF", "right"),
-            ("ckpt every", "right"), ("goodput", "right"), ("wall time", "right"), ("GPU-hours", "right"),
-            ("cost", "right")]
+            ("ckpt every", "right"), ("goodput", "right"), ("wall time (P10-P90)", "right"),
+            ("GPU-hours (P10-P90)", "right"), ("cost (P10-P90)", "right")]
     show_meets = any(p.meets for p in points)
     if show_meets:
         cols.append(("meets", "left"))
@@ -50,8 +67,9 @@ def capacity_table(points: list[CapacityPoint], title: str, dims: list[str], bes
         lay = layout(pl) + f" mbs{pl['micro_batch']}" + ("" if pl["recompute"] == "none" else f" {pl['recompute']}")
         g = p.goodput
         row = head + [lay, f"{p.tokens_per_s_per_gpu:.0f}", f"{p.mfu * 100:.1f}%", _dur(p.train_time_s), _dur(g.mtbf_s),
-                      _dur(g.interval_s), f"{g.goodput * 100:.1f}%", _dur(p.wall_time_s), f"{p.gpu_hours / 1e6:.2f}M",
-                      fmt_usd(p.cost_usd)]
+                      _dur(g.interval_s), f"{g.goodput * 100:.1f}%", _ranged(p, p.wall_time_s, _dur, _dur_unit),
+                      _ranged(p, p.gpu_hours, lambda x: f"{x / 1e6:.2f}M", lambda x: 1e6),
+                      "-" if p.cost_usd is None else _ranged(p, p.cost_usd, fmt_usd, _usd_unit)]
         if show_meets:
             row.append("yes" if p.meets and all(p.meets.values()) else
                        "[red]no[/red] (" + ", ".join(k for k, v in p.meets.items() if not v) + ")")
@@ -105,8 +123,12 @@ def save_capacity_png(path, points: list[CapacityPoint], x_dim: str, series_dim:
         c = colours[k % len(colours)]
         lab = fmt_value(series_dim, s) if series_dim else None
         a_time.plot(xs, [p.wall_time_s / DAY_S for p in pts], "o-", color=c, label=lab)
+        a_time.fill_between(xs, [p.wall_time_s * p.at("p10") / DAY_S for p in pts],
+                            [p.wall_time_s * p.at("p90") / DAY_S for p in pts], color=c, alpha=0.15, lw=0)
         a_time.plot(xs, [p.train_time_s / DAY_S for p in pts], ":", color=c, alpha=0.7)
         a_cost.plot(xs, [cost_of(p) for p in pts], "o-", color=c, label=lab)
+        a_cost.fill_between(xs, [cost_of(p) * p.at("p10") for p in pts], [cost_of(p) * p.at("p90") for p in pts],
+                            color=c, alpha=0.15, lw=0)
         a_good.plot(xs, [p.goodput.goodput * 100 for p in pts], "o-", color=c, label=lab)
         a_tps.plot(xs, [p.tokens_per_s_per_gpu for p in pts], "o-", color=c, label=lab)
         a_mfu.plot(xs, [p.mfu * 100 for p in pts], "o-", color=c, label=lab)
@@ -129,7 +151,7 @@ def save_capacity_png(path, points: list[CapacityPoint], x_dim: str, series_dim:
         a_cost.plot([xmap[id(best)]], [cost_of(best)], "*", ms=16, color="gold", mec="k")
         a_par.plot([best.wall_time_s / DAY_S], [cost_of(best)], "*", ms=16, color="gold", mec="k")
     cost_label = "cost (M$)" if use_cost else "GPU-hours (M)"
-    for ax, ylab, ttl in ((a_time, "days", "time to train (dotted: without failures)"),
+    for ax, ylab, ttl in ((a_time, "days", "time to train (band: P10-P90; dotted: without failures)"),
                           (a_cost, cost_label, cost_label.split(" ")[0]),
                           (a_good, "goodput (%)", "goodput (useful share of wall time)"),
                           (a_tps, "tokens/s/GPU", "throughput per GPU"), (a_mfu, "MFU (%)", "MFU")):

@@ -189,12 +189,15 @@ def cmd_search(argv: list[str]) -> int:
     ap.add_argument("--workers", type=_count, default=1, help="processes sharing --storage")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=_positive, default=None, help="stop starting trials after this many seconds")
+    ap.add_argument("--rank-by", choices=("p50", "p90"), default="p50",
+                    help="rank plans by the predicted step time (p50) or its P90, which prefers plans the "
+                         "validated runs support (default p50)")
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
     _routing_args(ap, placement_default="best")
     _profile_arg(ap)
     args = ap.parse_args(argv)
-    from planner.report import console, plan_row, ranked_table
+    from planner.report import best_supported, console, plan_row, ranked_table
     from planner.search import exhaustive, optuna_search
     from planner.space import default_global_batch
 
@@ -228,7 +231,7 @@ def cmd_search(argv: list[str]) -> int:
         if args.exhaustive or n_valid <= EXHAUSTIVE_LIMIT:
             args.exhaustive = True
     if args.exhaustive:
-        res = exhaustive(model, cluster, gbs)
+        res = exhaustive(model, cluster, gbs, rank_by=args.rank_by)
     else:
         res = _run_optuna(optuna_search, model, cluster, gbs, args, objectives)
     if res.evaluated == 0:
@@ -239,9 +242,12 @@ def cmd_search(argv: list[str]) -> int:
     if args.out and res.any_fits:
         _write_plan_dir(args.out, model, cluster, best_plan(res))
     how = "exhaustive" if args.exhaustive else f"optuna {getattr(res, 'sampler', '')}".strip()
+    alt = best_supported(res) if res.any_fits else None
     if args.json:
         out = {"model": model.name, "cluster": cluster.name, "global_batch": gbs, "search": how,
-               "evaluated": res.evaluated, "plans": rows}
+               "rank_by": args.rank_by, "evaluated": res.evaluated, "plans": rows}
+        if alt is not None:
+            out["best_supported"] = alt
         if getattr(res, "study_name", None):
             out["study_name"] = res.study_name
         if hasattr(res, "interrupted"):
@@ -255,7 +261,10 @@ def cmd_search(argv: list[str]) -> int:
         return 0 if res.any_fits else 1
     con = console()
     con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
-                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how})"))
+                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how}"
+                                 f"{', ranked by P90' if args.rank_by == 'p90' else ''})"))
+    if alt is not None:
+        con.print(alt["message"])
     if not res.any_fits:
         from planner.search import explain_no_fit
 
@@ -294,7 +303,8 @@ def _check_storage(url: str) -> None:
 def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     """Optuna search with a progress bar on stderr (none with --json)."""
     kw = dict(sampler=args.sampler, n_trials=args.trials, objectives=objectives, storage=args.storage,
-              study_name=args.study_name, seed=args.seed, timeout_s=args.timeout, workers=args.workers)
+              study_name=args.study_name, seed=args.seed, timeout_s=args.timeout, workers=args.workers,
+              rank_by=args.rank_by)
     if args.json:
         res = optuna_search(model, cluster, gbs, **kw)
         if res.interrupted:
@@ -329,13 +339,16 @@ def best_plan(res):
 def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:
     """Outputs of one plan, report.png with them (every file through planner.outputs.write_files_atomic)."""
     from costmodel.estimate import estimate
+    from costmodel.trust import plan_trust
     from planner.outputs import write_outputs
     from planner.report import save_report_png
 
     est = est or estimate(model, cluster, plan)
+    trust = plan_trust(model, cluster, plan, est.step_time_s)
     title = f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} dp{plan.dp} cp{plan.cp} ep{plan.ep}"
-    write_outputs(out, model, cluster, plan, est, extra=extra,
-                  figures={"report.png": lambda path: save_report_png(path, est, title, plan.num_microbatches)})
+    write_outputs(out, model, cluster, plan, est, extra={**trust, **(extra or {})},
+                  figures={"report.png": lambda path: save_report_png(path, est, title, plan.num_microbatches,
+                                                                      trust=trust)})
 
 
 def cmd_check(argv: list[str]) -> int:
@@ -400,10 +413,13 @@ def cmd_check(argv: list[str]) -> int:
 
     from planner.check import diagnose, format_findings
 
+    from costmodel.trust import plan_trust
+
     links = group_links(cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
     findings = diagnose(model, cluster, plan, routing=routing, placement=load.placement if load else "contiguous")
+    trust = plan_trust(model, cluster, plan, est.step_time_s)
     if args.json:
-        out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "groups": links,
+        out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "trust": trust, "groups": links,
                "findings": [f.model_dump() for f in findings]}
         if layout is not None:
             out["pipeline_layout"] = layout
@@ -414,7 +430,7 @@ def cmd_check(argv: list[str]) -> int:
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
-                                  f"{zero_label(plan.zero_stage)}"))
+                                  f"{zero_label(plan.zero_stage)}", trust))
     if lps is not None:
         con.print(f"layers per pipeline rank: {','.join(str(x) for x in lps)}; Megatron layout: {layout}",
                   markup=False, highlight=False)
@@ -626,8 +642,8 @@ def cmd_validate(argv: list[str]) -> int:
                          "in turn and predict what was left out")
     _profile_arg(ap)
     args = ap.parse_args(argv)
-    from planner.report import console, cross_validation_tables, one_run_table, validation_tables
-    from costmodel.validate import cross_validate, validate
+    from planner.report import CV_TITLES, console, cross_validation_tables, one_run_table, validation_tables
+    from costmodel.validate import cross_validate, interval_coverage, nested_interval_coverage, validate
 
     _check_file_target(args.json)
     override = _validate_override(args.profile_file)
@@ -641,6 +657,8 @@ def cmd_validate(argv: list[str]) -> int:
         con.print(t)
     for gpu, prof in (override or {}).items():
         con.print(f"{gpu} rows predicted with --profile {args.profile_file} ({prof.calibration.fitted_by})")
+    result["interval_coverage"] = interval_coverage(result["rows"])
+    con.print(_coverage_line("published step times inside their P10-P90", result["interval_coverage"]))
     if args.cross_validate:
         from rich.progress import Progress
 
@@ -653,13 +671,21 @@ def cmd_validate(argv: list[str]) -> int:
             con.print(t)
         if "one_run_calibration" in cv:
             con.print(one_run_table(cv["one_run_calibration"]))
+        for scheme, res in cv["schemes"].items():
+            res["interval_coverage"] = interval_coverage(res["rows"])
+            res["nested_interval_coverage"] = nested_interval_coverage(args.csv, res["rows"])
+            con.print(_coverage_line(f"{CV_TITLES.get(scheme, scheme).split(' (')[0]}: held-out step times inside "
+                                     f"the shipped P10-P90", res["interval_coverage"]))
+            con.print(_coverage_line("  inside P10-P90 refitted without their fold too",
+                                     res["nested_interval_coverage"]))
     if args.json:
         rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "model_name", "num_gpus", "moe",
                                         "zero_stage", "pp", "cp", "ep", "precision", "release",
-                                        "predicted_step_time_s", "published_step_time_s",
+                                        "predicted_step_time_s", "predicted_p10_step_time_s",
+                                        "predicted_p90_step_time_s", "support_runs", "published_step_time_s",
                                         "predicted_peak_memory_bytes", "fits", "error", "assumed")}
                 for r in result["rows"]]
-        out = {"rows": rows, "summary": result["summary"]}
+        out = {"rows": rows, "summary": result["summary"], "interval_coverage": result["interval_coverage"]}
         if override:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
@@ -684,6 +710,13 @@ def _validate_override(spec: str | None) -> dict | None:
         raise InputError(f"--profile {ref}: profile {prof.name} is not a shipped GPU type (name or alias); valid: "
                          f"{', '.join(q.name for q in shipped)}")
     return {hit[0]: prof}
+
+
+def _coverage_line(what: str, c: dict) -> str:
+    if not c["rows"]:
+        return f"{what}: no intervals (hardware_profiles/trust/ missing; see scripts/fit_intervals.py)"
+    return (f"{what}: {c['inside']} of {c['rows']} ({100 * c['fraction']:.0f}%; {c['below_p10']} below P10, "
+            f"{c['above_p90']} above P90)")
 
 
 def _capacity_args(ap: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ def plan_row(result: SearchResult, rank: int) -> dict:
         "rank": rank + 1,
         "plan": plan.model_dump(exclude={"rank_order", "framework", "layers_per_stage"}),
         "step_time_s": float(s["step_time_s"][i]),
+        **trust_fields(s, i),
         "tokens_per_s_per_gpu": float(s["tokens_per_s_per_gpu"][i]),
         "mfu": float(s["mfu"][i]),
         "peak_memory_bytes": peak,
@@ -30,6 +31,80 @@ def plan_row(result: SearchResult, rank: int) -> dict:
         "fits": bool(s["fits"][i]),
         "breakdown_s": {k.removesuffix("_s"): float(s[k][i]) for k in BREAKDOWN_KEYS},
     }
+
+
+def trust_fields(scores: dict, i: int) -> dict:
+    """P10 / P90 step time and support of row i of scores that have them (costmodel.trust.with_intervals)."""
+    if "step_time_p10_s" not in scores:
+        return {}
+    from costmodel.trust import THIN_SUPPORT
+
+    n = int(scores["support_runs"][i])
+    return {"predicted_p10_step_time_s": float(scores["step_time_p10_s"][i]),
+            "predicted_p90_step_time_s": float(scores["step_time_p90_s"][i]),
+            "support_runs": n, "thin_support": n < THIN_SUPPORT}
+
+
+def sig(x: float, digits: int) -> str:
+    """x to ``digits`` significant digits, never in exponent form (6.37, 12.4, 1234)."""
+    import math
+
+    if not math.isfinite(x) or x == 0:
+        return f"{x:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def fmt_interval(mid: float, lo: float | None, hi: float | None, unit: str = "") -> str:
+    """'6.37 s (5.9-7.1)': the P50 to 3 significant digits and its P10-P90 to 2."""
+    text = f"{sig(mid, 3)}{unit}"
+    if lo is None or hi is None:
+        return text
+    return f"{text} ({sig(lo, 2)}-{sig(hi, 2)})"
+
+
+def support_cell(r: dict) -> str:
+    """Validated runs near the plan; '!' marks thin support (THIN_LEGEND)."""
+    if "support_runs" not in r:
+        return "-"
+    return f"[yellow]{r['support_runs']} ![/yellow]" if r["thin_support"] else str(r["support_runs"])
+
+
+THIN_LEGEND = ("support: validated runs near the plan (same GPU generation, sharding, pp/cp/ep regime, dense/MoE, "
+               "within 4x in GPUs); ! = fewer than 3, the interval is widened")
+
+
+def best_supported(result: SearchResult) -> dict | None:
+    """When the best plan has thin support: the best plan that has not, and how much slower it is predicted
+    (by the ranking's time, P50 or P90); None when the best plan is supported or there are no intervals."""
+    s = result.scores
+    if "support_runs" not in s or not len(result.order):
+        return None
+    from costmodel.trust import THIN_SUPPORT
+    from planner.search import rank_time
+
+    order = result.order
+    fits = np.asarray(s["fits"])[order]
+    ok = fits & (np.asarray(s["support_runs"])[order] >= THIN_SUPPORT)
+    if not fits[0] or ok[0]:
+        return None
+    best = plan_row(result, 0)
+    if not ok.any():
+        return {"rank": None, "message": f"[yellow]no plan that fits has {THIN_SUPPORT} or more validated runs near "
+                                         f"it: #1 ({layout(best['plan'])}) rests on untested ground[/yellow]"}
+    r = int(np.argmax(ok))
+    row = plan_row(result, r)
+    t = rank_time(s, result.rank_by)
+    diff = float(t[order[r]] / t[order[0]] - 1.0)
+    what = "P90" if result.rank_by == "p90" else "predicted"
+    msg = (f"#1 has {best['support_runs']} validated runs near it; best supported: #{r + 1} {layout(row['plan'])} "
+           f"mbs{row['plan']['micro_batch']} {row['plan']['recompute']}, "
+           f"{fmt_interval(row['step_time_s'], row['predicted_p10_step_time_s'], row['predicted_p90_step_time_s'], ' s')}"
+           f" ({diff * 100:+.0f}% {what}), {row['support_runs']} validated runs near it")
+    return {"rank": r + 1, "plan": row["plan"], "step_time_s": row["step_time_s"],
+            "predicted_p10_step_time_s": row["predicted_p10_step_time_s"],
+            "predicted_p90_step_time_s": row["predicted_p90_step_time_s"], "support_runs": row["support_runs"],
+            "difference": diff, "message": msg}
 
 
 ZERO_LABELS = {0: "no ZeRO", 1: "distributed optimizer (ZeRO-1)", 2: "Megatron-FSDP optim_grads (ZeRO-2)",
@@ -64,28 +139,39 @@ PLAN_LEGEND = ("compute / bubble / exposed comm: seconds per step (exposed = not
 
 
 def ranked_table(rows: list[dict], title: str) -> Table:
-    t = Table(title=title, header_style="bold", caption=PLAN_LEGEND, caption_justify="left")
+    t = Table(title=title, header_style="bold", caption=f"{PLAN_LEGEND}\n{THIN_LEGEND}", caption_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("mbs", "right"), ("recompute", "left"),
-                      ("step s", "right"), ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GB", "right"),
-                      ("headroom", "right"), ("compute s", "right"), ("bubble s", "right"),
+                      ("step s (P10-P90)", "right"), ("support", "right"), ("tok/s/GPU", "right"), ("MFU", "right"),
+                      ("peak GB", "right"), ("headroom", "right"), ("compute s", "right"), ("bubble s", "right"),
                       ("exposed comm s", "right")):
         t.add_column(col, justify=just, no_wrap=col in ("layout", "recompute"))
     for r in rows:
         p, b = r["plan"], r["breakdown_s"]
         comm = sum(v for k, v in b.items() if k.endswith("comm_exposed"))
         head = 1 - r["peak_memory_bytes"] / r["memory_capacity_bytes"]
-        t.add_row(str(r["rank"]), layout(p), str(p["micro_batch"]), p["recompute"], f"{r['step_time_s']:.3f}",
+        t.add_row(str(r["rank"]), layout(p), str(p["micro_batch"]), p["recompute"],
+                  fmt_interval(r["step_time_s"], r.get("predicted_p10_step_time_s"), r.get("predicted_p90_step_time_s")),
+                  support_cell(r),
                   f"{r['tokens_per_s_per_gpu']:.0f}", f"{r['mfu'] * 100:.1f}%", f"{r['peak_memory_bytes'] / GB:.1f}",
                   f"{head * 100:.0f}%" if r["fits"] else "[red]no fit[/red]", f"{b['compute']:.2f}",
                   f"{b['bubble']:.2f}", f"{comm:.2f}")
     return t
 
 
-def estimate_table(e: StepEstimate, title: str) -> Table:
+def estimate_table(e: StepEstimate, title: str, trust: dict | None = None) -> Table:
+    """One plan's estimate; ``trust`` (costmodel.trust.plan_trust) adds its P10-P90 and support."""
     t = Table(title=title, header_style="bold")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    t.add_row("step time", f"{e.step_time_s:.3f} s  (bounds {e.step_time_lower_s:.3f} - {e.step_time_upper_s:.3f})")
+    if trust:
+        t.add_row("step time (P10-P90)", fmt_interval(e.step_time_s, trust["predicted_p10_step_time_s"],
+                                                      trust["predicted_p90_step_time_s"], " s"))
+        t.add_row("  interval class", trust["interval_class"])
+        t.add_row("  support", f"{trust['support_runs']} validated runs near it"
+                  + (" [yellow](thin: interval widened)[/yellow]" if trust["thin_support"] else ""))
+        t.add_row("  overlap bounds", f"{e.step_time_lower_s:.3f} - {e.step_time_upper_s:.3f} s")
+    else:
+        t.add_row("step time", f"{e.step_time_s:.3f} s  (bounds {e.step_time_lower_s:.3f} - {e.step_time_upper_s:.3f})")
     t.add_row("tokens/s/GPU", f"{e.tokens_per_s_per_gpu:.0f}")
     t.add_row("MFU", f"{e.mfu * 100:.1f}%")
     for k, v in e.breakdown_s.items():
@@ -244,8 +330,9 @@ def one_f_one_b_timeline(fwd_s: list[float], bwd_s: list[float], m: int) -> list
     return out
 
 
-def save_report_png(path, e: StepEstimate, title: str, microbatches: int) -> None:
-    """report.png: time breakdown, memory per stage against capacity, and one step's 1F1B timeline."""
+def save_report_png(path, e: StepEstimate, title: str, microbatches: int, trust: dict | None = None) -> None:
+    """report.png: time breakdown (with the step's P10-P90 as an error bar when ``trust`` gives it), memory
+    per stage against capacity, and one step's 1F1B timeline."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,6 +345,12 @@ def save_report_png(path, e: StepEstimate, title: str, microbatches: int) -> Non
     ax1.barh([k for k, _ in items], [v for _, v in items], color="tab:blue")
     ax1.set_xlabel("seconds per step")
     ax1.set_title(f"step {e.step_time_s:.2f} s, MFU {e.mfu * 100:.0f}%")
+    if trust:
+        lo, hi = trust["predicted_p10_step_time_s"], trust["predicted_p90_step_time_s"]
+        ax1.barh(["step (P10-P90)"], [e.step_time_s], color="tab:gray",
+                 xerr=[[e.step_time_s - lo], [hi - e.step_time_s]], capsize=6, ecolor="black")
+        ax1.set_title(f"step {fmt_interval(e.step_time_s, lo, hi, ' s')}, MFU {e.mfu * 100:.0f}%, "
+                      f"{trust['support_runs']} validated runs near it" + (" (thin)" if trust["thin_support"] else ""))
     ax1.invert_yaxis()
     stages = range(len(e.peak_memory_bytes))
     ax2.bar(stages, [x / GB for x in e.peak_memory_bytes], color="tab:green")

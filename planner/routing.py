@@ -28,6 +28,7 @@ from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_dr
                                expert_fractions, expert_load, row_factors, top_share)
 from costmodel.rules import valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.trust import with_intervals
 from planner.search import SearchResult, ranked, to_plan
 from planner.space import valid_plans
 
@@ -178,7 +179,7 @@ def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, rou
     if len(plans) == 0:
         return RoutedSearch(SearchResult(plans, {}, np.zeros(0, dtype=int), 0), routing, -1)
     balanced = estimate_routed(model, cluster, plans, 1.0, 1.0)
-    res = ranked(plans, routing.cost(model, cluster, plans))
+    res = ranked(plans, with_intervals(model, cluster, plans, routing.cost(model, cluster, plans)))
     bal = ranked(plans, balanced)
     return RoutedSearch(res, routing, int(bal.order[0]), balanced)
 

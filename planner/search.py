@@ -16,9 +16,12 @@ import numpy as np
 
 from costmodel.estimate import PlanArrays, estimate_arrays
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.trust import with_intervals
 from planner.space import FSDP_STAGE, RECOMPUTE_NAMES, valid_plans
 
 CostFn = Callable[[ModelSpec, ClusterSpec, PlanArrays], dict]
+RANK_BY = ("p50", "p90")
+"""What "time" means when plans are ranked: the predicted (P50) step time or its P90 (costmodel/trust.py)."""
 
 
 def default_cost(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays) -> dict:
@@ -33,6 +36,7 @@ class SearchResult:
     scores: dict
     order: np.ndarray          # indices into plans, fitting plans by step time, then the rest
     evaluated: int
+    rank_by: str = "p50"       # the step time the fitting plans are ordered by (RANK_BY)
 
     def plan(self, rank: int = 0) -> ParallelPlan:
         return to_plan(self.plans, int(self.order[rank]))
@@ -62,24 +66,35 @@ def to_plan(a: PlanArrays, i: int) -> ParallelPlan:
 
 
 def exhaustive(model: ModelSpec, cluster: ClusterSpec, global_batch: int, cost: CostFn = default_cost,
-               **space_kw) -> SearchResult:
+               rank_by: str = "p50", **space_kw) -> SearchResult:
     """Score every valid plan in one vectorised call (``space_kw``: ``planner.space.candidate_columns``
-    keywords that narrow the space, e.g. zero_stages=(1,))."""
+    keywords that narrow the space, e.g. zero_stages=(1,)); the scores gain the P10/P90 step times and the
+    support of every plan (``costmodel.trust.with_intervals``), and ``rank_by`` says which time ranks them."""
     plans = valid_plans(model, cluster, global_batch, **space_kw)
     if len(plans) == 0:
         return SearchResult(plans, {}, np.zeros(0, dtype=int), 0)
-    return ranked(plans, cost(model, cluster, plans))
+    return ranked(plans, with_intervals(model, cluster, plans, cost(model, cluster, plans)), rank_by)
 
 
-def ranked(plans: PlanArrays, scores: dict) -> SearchResult:
-    """Scored plans in order: those that fit by step time, then the rest by peak memory."""
-    t = np.where(scores["fits"], scores["step_time_s"], np.inf)
+def rank_time(scores: dict, rank_by: str = "p50") -> np.ndarray:
+    """The step time plans are ranked by: P50 (the prediction) or P90 (where the scores have it)."""
+    if rank_by not in RANK_BY:
+        from costmodel.profiles import InputError
+
+        raise InputError(f"--rank-by {rank_by}: valid: {', '.join(RANK_BY)}")
+    key = "step_time_p90_s" if rank_by == "p90" and "step_time_p90_s" in scores else "step_time_s"
+    return np.asarray(scores[key], dtype=float)
+
+
+def ranked(plans: PlanArrays, scores: dict, rank_by: str = "p50") -> SearchResult:
+    """Scored plans in order: those that fit by step time (``rank_time``), then the rest by peak memory."""
+    t = np.where(scores["fits"], rank_time(scores, rank_by), np.inf)
     fit_order = np.argsort(t, kind="stable")
     n_fit = int(scores["fits"].sum())
     rest = np.argsort(np.nanmax(scores["peak_memory_bytes"], axis=1), kind="stable")
     rest = rest[~scores["fits"][rest]]
     order = np.concatenate([fit_order[:n_fit], rest])
-    return SearchResult(plans, scores, order, len(plans))
+    return SearchResult(plans, scores, order, len(plans), rank_by)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -322,7 +337,7 @@ class OptunaResult(SearchResult):
         return self.plan(0) if self.any_fits else None
 
     def objective_values(self, i: int) -> tuple[float, ...]:
-        return tuple(float(_objective_column(self.scores, o, self.plans)[i]) for o in self.objectives)
+        return tuple(float(_objective_column(self.scores, o, self.plans, self.rank_by)[i]) for o in self.objectives)
 
     def pareto_plans(self) -> list[ParallelPlan]:
         return [plan_at(self.plans, int(i)) for i in self.pareto]
@@ -337,9 +352,9 @@ def plan_at(a: PlanArrays, i: int) -> ParallelPlan:
     return plan
 
 
-def _objective_column(scores: dict, objective: str, plans: PlanArrays) -> np.ndarray:
+def _objective_column(scores: dict, objective: str, plans: PlanArrays, rank_by: str = "p50") -> np.ndarray:
     if objective == "time":
-        return np.asarray(scores["step_time_s"], dtype=float)
+        return rank_time(scores, rank_by)
     if objective == "memory":
         return np.nanmax(scores["peak_memory_bytes"], axis=1)
     return plans.tp * plans.pp * plans.dp * plans.cp
@@ -493,9 +508,10 @@ def _constraints_func(trial) -> tuple[float, float]:
     return (float(c.get("rules", 0.0)), float(c.get("memory", 0.0)))
 
 
-def _raw(ev: dict) -> dict[str, float]:
-    """Every objective's value of a valid evaluation, unpenalised."""
-    return {"time": ev["step_time_s"], "memory": ev["peak_memory_bytes"], "gpus": float(ev["config"]["num_gpus"])}
+def _raw(ev: dict, rank_by: str = "p50") -> dict[str, float]:
+    """Every objective's value of a valid evaluation, unpenalised ("time": its P50 or P90 step time)."""
+    t = ev.get("step_time_p90_s", ev["step_time_s"]) if rank_by == "p90" else ev["step_time_s"]
+    return {"time": t, "memory": ev["peak_memory_bytes"], "gpus": float(ev["config"]["num_gpus"])}
 
 
 def _overflow(ev: dict) -> float:
@@ -507,8 +523,8 @@ class _Objective:
     """Optuna objective over a SearchSpace; caches every configuration the study has seen."""
 
     def __init__(self, space: SearchSpace, cost: CostFn, objectives: tuple[str, ...], encoding: str,
-                 penalise: bool):
-        self.space, self.cost, self.objectives = space, cost, objectives
+                 penalise: bool, rank_by: str = "p50"):
+        self.space, self.cost, self.objectives, self.rank_by = space, cost, objectives, rank_by
         self.encoding, self.penalise = encoding, penalise
         self.cache: dict[tuple[int, ...], dict] = {}
         self.evaluations = 0
@@ -648,7 +664,7 @@ class _Objective:
 
     def _rank(self, ev: dict, penalised: bool) -> tuple:
         """Sort key of a valid evaluation for ``ranked_keys``."""
-        raw, overflow = _raw(ev)[self.objectives[0]], _overflow(ev)
+        raw, overflow = _raw(ev, self.rank_by)[self.objectives[0]], _overflow(ev)
         if penalised:
             return (raw * (1.0 + max(0.0, overflow)),)
         return (0, raw) if overflow <= 0 else (1, overflow)
@@ -696,11 +712,13 @@ class _Objective:
             msgs = violations(sp.model, plan, n_gpus) or ["outside the planner's candidate space "
                                                           "(planner.space.candidate_columns)"]
             return {"config": config, "valid": False, "violations": msgs, "scored": False}
-        out = self.cost(sp.model, sp.cluster_for(nodes), _take(sp.valid[nodes], i))
+        one = _take(sp.valid[nodes], i)
+        out = with_intervals(sp.model, sp.cluster_for(nodes), one, self.cost(sp.model, sp.cluster_for(nodes), one))
         self.evaluations += 1
         peak = float(np.nanmax(out["peak_memory_bytes"][0]))
         capacity = float(out["memory_capacity_bytes"][0])
         return {"config": config, "valid": True, "scored": True, "step_time_s": float(out["step_time_s"][0]),
+                "step_time_p90_s": float(out["step_time_p90_s"][0]),
                 "peak_memory_bytes": peak, "memory_capacity_bytes": capacity, "fits": bool(out["fits"][0]),
                 "mfu": float(out["mfu"][0])}
 
@@ -709,7 +727,7 @@ class _Objective:
             n = len(ev["violations"])
             return ([PENALTY[o] * (RULE_WEIGHT + n) for o in self.objectives],
                     {"rules": RULE_WEIGHT * n, "memory": 0.0})
-        overflow, raw = _overflow(ev), _raw(ev)
+        overflow, raw = _overflow(ev), _raw(ev, self.rank_by)
         vals = [raw[o] for o in self.objectives]
         if self.penalise and overflow > 0:
             vals = [PENALTY[o] * (1.0 + overflow) for o in self.objectives]
@@ -879,7 +897,7 @@ def _default_study_name(space: SearchSpace, objectives, encoding: str) -> str:
 
 
 def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_name, seed, n_trials, cost,
-             enqueue: bool = True):
+             enqueue: bool = True, rank_by: str = "p50"):
     import optuna
 
     from costmodel.profiles import InputError
@@ -889,7 +907,7 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
         return space, None, None, None, 0
     encoding = "index" if (sampler == "cmaes" or isinstance(sampler, optuna.samplers.CmaEsSampler)) else "categorical"
     n_trials = default_budget(space.n_valid) if n_trials is None else int(n_trials)
-    obj = _Objective(space, cost, objectives, encoding, penalise=encoding == "index")
+    obj = _Objective(space, cost, objectives, encoding, penalise=encoding == "index", rank_by=rank_by)
     seeds = expert_seeds(space)
     smp = _make_sampler(sampler, seed, n_trials)
     if isinstance(sampler, str):
@@ -903,6 +921,8 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
                                     directions=["minimize"] * len(objectives), load_if_exists=True)
         _locked_pop(study, lock)
         sig = space.signature(encoding, objectives)
+        if rank_by != "p50":  # studies made before --rank-by keep their signature
+            sig["rank_by"] = rank_by
         old = study.user_attrs.get("planner_space")
         if old is None:
             study.set_user_attr("planner_space", sig)
@@ -1119,7 +1139,7 @@ def _climb_starts(obj: _Objective) -> list[tuple[int, ...]]:
     ranking = obj.ranked_keys()
     if not ranking:
         return []
-    raw = {k: _raw(obj.cache[k])[obj.objectives[0]] for k in ranking}
+    raw = {k: _raw(obj.cache[k], obj.rank_by)[obj.objectives[0]] for k in ranking}
     best_raw = raw[ranking[0]]
     first: dict[int, tuple[int, ...]] = {}
     for k in ranking:
@@ -1244,7 +1264,8 @@ def _concat_plans(parts: list[PlanArrays]) -> PlanArrays:
     return PlanArrays(**cols, stage_layers=np.concatenate(blocks))
 
 
-def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations, interrupted, study_name, storage):
+def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations, interrupted, study_name, storage,
+            rank_by: str = "p50"):
     import optuna
 
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -1265,7 +1286,7 @@ def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations,
     for nodes in sorted(by_nodes):
         sub = _take(space.valid[nodes], sorted(by_nodes[nodes]))
         plan_parts.append(sub)
-        parts.append(cost(space.model, space.cluster_for(nodes), sub))
+        parts.append(with_intervals(space.model, space.cluster_for(nodes), sub, cost(space.model, space.cluster_for(nodes), sub)))
         node_col.append(np.full(len(sub), nodes))
     common = dict(study=study, objectives=objectives, n_trials=n_trials, total_trials=len(trials),
                   evaluations=evaluations, interrupted=interrupted, sampler=sampler_name, study_name=study_name,
@@ -1277,10 +1298,10 @@ def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations,
     plans = _concat_plans(plan_parts)
     scores = _concat_scores(parts)
     fits = np.asarray(scores["fits"], dtype=bool)
-    vals = np.stack([_objective_column(scores, o, plans) for o in objectives], axis=1)
+    vals = np.stack([_objective_column(scores, o, plans, rank_by) for o in objectives], axis=1)
     feas = np.flatnonzero(fits)
     front = feas[pareto_front(vals[feas])] if len(feas) else np.zeros(0, dtype=int)
-    primary, time_ = vals[:, 0], np.asarray(scores["step_time_s"], float)
+    primary, time_ = vals[:, 0], rank_time(scores, rank_by)
     front = front[np.lexsort((time_[front], primary[front]))]
     rest_fit = np.setdiff1d(feas, front)
     rest_fit = rest_fit[np.lexsort((time_[rest_fit], primary[rest_fit]))]
@@ -1288,7 +1309,8 @@ def _result(space, study, cost, objectives, sampler_name, n_trials, evaluations,
     nofit = np.flatnonzero(~fits)
     nofit = nofit[np.argsort(peak[nofit], kind="stable")]
     order = np.concatenate([front, rest_fit, nofit]).astype(int)
-    return OptunaResult(plans, scores, order, len(plans), pareto=front, nodes=np.concatenate(node_col), **common)
+    return OptunaResult(plans, scores, order, len(plans), pareto=front, nodes=np.concatenate(node_col),
+                        rank_by=rank_by, **common)
 
 
 def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, cost: CostFn = default_cost,
@@ -1296,7 +1318,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                   objectives: tuple[str, ...] | str = ("time",), storage: str | None = None,
                   study_name: str | None = None, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None, timeout_s: float | None = None,
-                  workers: int = 1) -> OptunaResult:
+                  workers: int = 1, rank_by: str = "p50") -> OptunaResult:
     """Search the layouts of ``planner.space`` with Optuna instead of scoring them all.
 
     sampler: "tpe", "cmaes" (single objective) or "nsga2"; None picks tpe for one objective, nsga2 for
@@ -1315,6 +1337,8 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
     workers: processes sharing the RDB storage (each runs its share of n_trials with seed + its index, and
       ends with this process); only with a storage URL. ``cost`` must then be picklable (a module-level
       function).
+    rank_by: "p50" ranks by the predicted step time, "p90" by its P90 (costmodel/trust.py): the "time"
+      objective the samplers minimise and the order of the result.
 
     KeyboardInterrupt, SIGINT or SIGTERM ends the search early: the trial in flight finishes, finished trials
     are kept (in the storage too) and the result, best so far, has ``interrupted=True``.
@@ -1324,6 +1348,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
     from costmodel.profiles import InputError
 
     objectives, sampler_name = _check_args(objectives, sampler)
+    rank_time({"step_time_s": []}, rank_by)  # one-line error on a bad rank_by
     workers = int(workers)
     if workers < 1:
         raise InputError(f"workers={workers}: valid workers are 1 or more")
@@ -1340,7 +1365,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
             _quiet_optuna_warnings()
             space, study, obj, study_name, n_trials = _prepare(model, cluster, global_batch, objectives,
                                                                sampler_name, storage, study_name, seed,
-                                                               n_trials, cost)
+                                                               n_trials, cost, rank_by=rank_by)
             name = sampler_name if isinstance(sampler_name, str) else type(sampler_name).__name__
             if study is None:
                 empty = PlanArrays.from_columns(0, global_batch=global_batch)
@@ -1365,7 +1390,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                             more, interrupted, ev = _run_workers(
                                 study, model, cluster, global_batch, cost, sampler_name, n_sampled - finished,
                                 objectives, storage, study_name, seed, _shifted(progress, finished, need), timeout_s,
-                                workers, target=base + n_sampled)
+                                workers, target=base + n_sampled, rank_by=rank_by)
                             finished, obj.evaluations = finished + more, obj.evaluations + ev
                         if not interrupted and _n_complete(study) < base + need:
                             more, interrupted = _polish(study, obj, need - finished, deadline,
@@ -1381,7 +1406,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                 obj.lock.close()
             evaluations = obj.evaluations
             return _result(space, study, cost, objectives, name, finished, evaluations, interrupted,
-                           study_name, storage)
+                           study_name, storage, rank_by)
     finally:
         optuna.logging.set_verbosity(level)
 
@@ -1432,7 +1457,7 @@ def _worker(args: dict, out) -> None:
         space, study, obj, _, n = _prepare(args["model"], args["cluster"], args["global_batch"],
                                            args["objectives"], args["sampler"], args["storage"],
                                            args["study_name"], args["seed"], args["n_trials"], args["cost"],
-                                           enqueue=False)
+                                           enqueue=False, rank_by=args.get("rank_by", "p50"))
         finished, interrupted = _optimize(study, obj, args["n_trials"], args["timeout_s"], None, target=args["target"])
         obj.lock.close()
         out.put((finished, interrupted, obj.evaluations, None))
@@ -1443,7 +1468,8 @@ def _worker(args: dict, out) -> None:
 
 
 def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, objectives, storage, study_name,
-                 seed, progress, timeout_s, workers, target=None) -> tuple[int, bool, int]:
+                 seed, progress, timeout_s, workers, target=None,
+                 rank_by: str = "p50") -> tuple[int, bool, int]:
     import multiprocessing as mp
     import os
     import queue
@@ -1462,7 +1488,8 @@ def _run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, o
             continue
         args = dict(model=model, cluster=cluster, global_batch=global_batch, cost=cost, sampler=sampler,
                     n_trials=share, objectives=objectives, storage=storage, study_name=study_name,
-                    seed=seed + i, timeout_s=timeout_s, target=target)
+                    seed=seed + i, timeout_s=timeout_s, target=target,
+                    rank_by=rank_by)
         p = ctx.Process(target=_worker, args=(args, out), daemon=False)
         p.start()
         procs.append(p)

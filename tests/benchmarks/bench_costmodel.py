@@ -3,7 +3,7 @@
     python tests/benchmarks/bench_costmodel.py [--plans N] [--repeats R]
 
 Scores N candidate plans of Llama 3 70B on h100x512 (step time and memory together, one
-``estimate_arrays`` call), R times, and prints plans/s (best and median) against the 200,000 plans/s
+``estimate_arrays`` call, then their P10/P90 step times and support, ``costmodel.trust.with_intervals``), R times, and prints plans/s (best and median) against the 200,000 plans/s
 target; then times ``plan validate`` on data/validation/published_runs.csv (in-process, and as a
 command including interpreter start-up). Not collected by pytest (the file name does not start with
 ``test_``).
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.estimate import PlanArrays, estimate_arrays  # noqa: E402
 from costmodel.profiles import load_cluster, load_profile  # noqa: E402
+from costmodel.trust import with_intervals  # noqa: E402
 from planner.space import default_global_batch, valid_plans  # noqa: E402
 
 TARGET_PLANS_PER_S = 200_000
@@ -55,16 +56,16 @@ def candidate_plans(n: int) -> tuple[object, object, object, PlanArrays, int]:
 
 def bench_estimate(n: int, repeats: int) -> list[float]:
     model, cluster, prof, plans, distinct = candidate_plans(n)
-    estimate_arrays(model, cluster, plans, profile=prof)  # warm-up (caches, pages)
+    with_intervals(model, cluster, plans, estimate_arrays(model, cluster, plans, profile=prof))  # warm-up
     rates = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = estimate_arrays(model, cluster, plans, profile=prof)
+        out = with_intervals(model, cluster, plans, estimate_arrays(model, cluster, plans, profile=prof))
         dt = time.perf_counter() - t0
-        assert len(out["step_time_s"]) == n and len(out["fits"]) == n
+        assert len(out["step_time_s"]) == n and len(out["fits"]) == n and len(out["step_time_p90_s"]) == n
         rates.append(n / dt)
-    print(f"cost model: {n:,} candidate plans (70b on {cluster.name}, {distinct:,} distinct valid layouts "
-          f"repeated), {repeats} runs, 1 core")
+    print(f"cost model with P10-P90 intervals and support: {n:,} candidate plans (70b on {cluster.name}, "
+          f"{distinct:,} distinct valid layouts repeated), {repeats} runs, 1 core")
     return rates
 
 

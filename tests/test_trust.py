@@ -1,0 +1,217 @@
+"""Intervals and support (costmodel/trust.py): the conformal quantiles and their coverage on a synthetic
+residual set, the class fallback, the shipped files on a real plan, --rank-by p90 and plan validate's
+interval fields."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel import trust
+from costmodel.catalog import get_model
+from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.profiles import load_cluster
+from costmodel.specs import ParallelPlan
+from planner.cli import main
+from planner.search import exhaustive, optuna_search, ranked
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED = ROOT / "data" / "validation" / "published_runs.csv"
+
+
+# ---- the conformal fit on synthetic residuals ------------------------------------------------------
+
+def test_conformal_quantile_ranks_and_coverage():
+    """n = 19: P10 is the floor(20 x 0.1) = 2nd smallest, P90 the ceil(20 x 0.9) = 18th; 17 of 19 inside."""
+    r = np.arange(1, 20, dtype=float) / 100          # 0.01 .. 0.19, shuffled
+    rng = np.random.default_rng(0)
+    rng.shuffle(r)
+    assert trust.conformal_quantile(r, 0.1) == pytest.approx(0.02)
+    assert trust.conformal_quantile(r, 0.9) == pytest.approx(0.18)
+    assert trust.conformal_quantile(r, 0.5) == pytest.approx(0.10)
+    cov = trust.coverage(r, np.full(19, 0.02), np.full(19, 0.18))
+    assert cov == {"rows": 19, "inside": 17, "fraction": round(17 / 19, 4), "below_p10": 1, "above_p90": 1}
+    # n = 8: rank ceil(9 x 0.9) = 9 does not exist, so P90 is undefined (the class must fall back).
+    assert math.isnan(trust.conformal_quantile(r[:8], 0.9))
+
+
+def test_class_fallback_and_blending():
+    """A class too small for the finite-sample rank takes its parent's quantile; a larger one is blended
+    n / (n + prior); a class with no residuals at all is looked up as its parent."""
+    big = [("hopper/dense/65-1024", "hopper/dense", "hopper", "all")] * 19
+    tiny = [("hopper/moe/le64", "hopper/moe", "hopper", "all")] * 3
+    res = np.concatenate([np.linspace(-0.2, 0.2, 19), [0.5, 0.6, 0.7]])
+    cls = trust.class_quantiles(res, big + tiny, prior_rows=19.0)
+    assert cls["all"]["n"] == 22 and cls["hopper/moe/le64"]["n"] == 3
+    root = cls["all"]["q"]
+    assert root[0] == pytest.approx(np.sort(res)[1], abs=1e-5)       # floor(23 x 0.1) = 2nd
+    assert root[2] == pytest.approx(np.sort(res)[20], abs=1e-5)      # ceil(23 x 0.9) = 21st
+    # the 3-row class: ranks 0 and 4 do not exist -> its parent's P10 / P90 (the parent, as small, takes the
+    # generation's, widened to cover its own residuals 0.5-0.7), blended median
+    tiny_q, parent_q, gen_q = cls["hopper/moe/le64"]["q"], cls["hopper/moe"]["q"], cls["hopper"]["q"]
+    assert tiny_q[0] == parent_q[0] == gen_q[0] and tiny_q[2] == parent_q[2] == max(gen_q[2], 0.7)
+    assert gen_q[2] < 0.7
+    assert tiny_q[1] == pytest.approx((3 * 0.6 + 19 * parent_q[1]) / 22, abs=1e-5)
+    # the 19-row class: raw P90 is the 18th of linspace(-0.2, 0.2, 19), blended half-half with "hopper/dense"
+    raw = np.linspace(-0.2, 0.2, 19)[17]
+    assert cls["hopper/dense/65-1024"]["q"][2] == pytest.approx((19 * raw + 19 * cls["hopper/dense"]["q"][2]) / 38,
+                                                                abs=1e-5)
+    name, q = trust.lookup(cls, ("volta/dense/le64", "volta/dense", "volta", "all"))
+    assert name == "all" and q == root
+
+
+def test_thin_width_factor_reaches_the_target():
+    """Thin rows spread twice as wide as their class interval need a factor of about 2 to hold 80%."""
+    q = [[-0.1, 0.0, 0.1]] * 10
+    r = np.linspace(-0.2, 0.2, 10)
+    f = trust.thin_width_factor(r, q, np.ones(10, dtype=bool))
+    inside = np.mean(np.abs(r) <= 0.1 * f + 1e-12)
+    assert inside >= 0.8 and 1.5 <= f <= 2.0
+    assert trust.thin_width_factor(r, q, np.zeros(10, dtype=bool)) == 1.0
+
+
+# ---- the shipped files on real plans ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def m70():
+    return get_model("70b"), load_cluster("h100x512")
+
+
+def test_70b_h100x512_has_a_finite_interval(m70):
+    model, cluster = m70
+    res = exhaustive(model, cluster, 512)
+    i = int(res.order[0])
+    s = res.scores
+    p10, p50, p90 = s["step_time_p10_s"][i], s["step_time_s"][i], s["step_time_p90_s"][i]
+    assert np.isfinite([p10, p50, p90]).all() and 0 < p10 < p50 < p90
+    plan = res.plan(0)
+    t = trust.plan_trust(model, cluster, plan, float(p50))
+    assert t["predicted_p10_step_time_s"] == pytest.approx(p10) and t["predicted_p90_step_time_s"] == pytest.approx(p90)
+    assert t["interval_class"] == "hopper/dense/65-1024"
+    assert t["support_runs"] == int(s["support_runs"][i])
+
+
+def _independent_support(model, cluster, plan) -> int:
+    """Support counted with a plain loop over the shipped table (not the vectorised code)."""
+    n = 0
+    for r in trust.validated_runs()["runs"]:
+        n += (r["generation"] == "hopper" and r["software"] == "megatron" and r["moe"] == (model.num_experts > 0)
+              and cluster.num_gpus / 4 <= r["num_gpus"] <= cluster.num_gpus * 4
+              and (r["zero_stage"] >= 2) == (plan.zero_stage >= 2) and (r["pp"] > 1) == (plan.pp > 1)
+              and (r["cp"] > 1) == (plan.cp > 1) and (r["ep"] > 1) == (plan.ep > 1))
+    return n
+
+
+def test_support_of_known_plans(m70):
+    """The NVIDIA recipe layout of 70B on 512 H100 (tp4 pp4 vpp5 cp2, distributed optimizer) against
+    Megatron-FSDP tp2 on the same cluster, which no validated Megatron run on Hopper resembles (the FSDP
+    runs there are Paxml's, or 8 GPUs)."""
+    model, cluster = m70
+    recipe = ParallelPlan(tp=4, pp=4, vpp=5, cp=2, dp=8, micro_batch=1, global_batch=512, recompute="none")
+    fsdp = ParallelPlan(tp=2, pp=1, dp=256, micro_batch=1, global_batch=512, recompute="none", zero_stage=3)
+    counts = trust.support_counts(model, cluster, PlanArrays.from_plans([recipe, fsdp]))
+    assert counts.tolist() == [_independent_support(model, cluster, recipe), _independent_support(model, cluster, fsdp)]
+    assert counts.tolist() == [RECIPE_SUPPORT, 0]
+    near = trust.nearest_runs(model, cluster, recipe)
+    assert len(near) == min(5, RECIPE_SUPPORT)
+    assert all(128 <= r["num_gpus"] <= 2048 and "cp" in r["layout"] and "pp1 " not in r["layout"] for r in near)
+    iv = trust.step_intervals(model, cluster, PlanArrays.from_plans([recipe, fsdp]), np.array([6.0, 6.0]))
+    width = iv["step_time_p90_s"] - iv["step_time_p10_s"]
+    assert width[1] > width[0]                      # thin support: the wider interval
+
+
+RECIPE_SUPPORT = 21  # validated runs near the recipe layout in the shipped table
+
+
+# ---- ranking by P90 --------------------------------------------------------------------------------
+
+def test_rank_by_p90_changes_order_constructed():
+    """Two plans: A is faster at P50 but has the wider interval; P90 ranking puts B first."""
+    plans = PlanArrays.from_plans([ParallelPlan(tp=8, dp=1, global_batch=8), ParallelPlan(tp=4, pp=2, dp=1, global_batch=8)])
+    scores = {"fits": np.array([True, True]), "step_time_s": np.array([1.0, 1.1]),
+              "step_time_p10_s": np.array([0.8, 1.0]), "step_time_p90_s": np.array([1.6, 1.3]),
+              "peak_memory_bytes": np.ones((2, 1)), "support_runs": np.array([0, 9])}
+    assert ranked(plans, scores).order.tolist() == [0, 1]
+    assert ranked(plans, scores, "p90").order.tolist() == [1, 0]
+
+
+def _fsdp_penalised_cost(model, cluster, plans):
+    """The cost model with a P90 that triples the spread of FSDP plans (a constructed case)."""
+    out = estimate_arrays(model, cluster, plans)
+    t = out["step_time_s"]
+    wide = np.where(plans.zero_stage >= 2, 3.0, 1.1)
+    return {**out, "step_time_p10_s": t * 0.9, "step_time_p90_s": t * wide,
+            "support_runs": np.where(plans.zero_stage >= 2, 0, 10)}
+
+
+def test_rank_by_p90_changes_exhaustive_and_optuna(m70):
+    model, cluster = m70
+    p50 = exhaustive(model, cluster, 512, cost=_fsdp_penalised_cost)
+    p90 = exhaustive(model, cluster, 512, cost=_fsdp_penalised_cost, rank_by="p90")
+    assert p50.plan(0).zero_stage == 3          # FSDP is the fastest point estimate on 70b / h100x512
+    assert p90.plan(0).zero_stage < 2
+    t90 = p90.scores["step_time_p90_s"][p90.order[: int(p90.scores["fits"].sum())]]
+    assert (np.diff(t90) >= 0).all()
+    opt = optuna_search(model, cluster, 512, cost=_fsdp_penalised_cost, n_trials=60, seed=0, rank_by="p90")
+    assert opt.plan(0).zero_stage < 2
+    assert opt.scores["step_time_p90_s"][opt.order[0]] < p50.scores["step_time_p90_s"][p50.order[0]]
+
+
+# ---- plan validate and plan check ------------------------------------------------------------------
+
+def test_validate_json_has_interval_fields(tmp_path, capsys):
+    rows = list(csv.DictReader(PUBLISHED.read_text().splitlines()))
+    small = tmp_path / "runs.csv"
+    with small.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([r for r in rows if r["scored"] == "true"][:6])
+    out = tmp_path / "v.json"
+    assert main(["validate", str(small), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    cov = data["interval_coverage"]
+    assert cov["rows"] == 6 and f"{cov['inside']} of 6" in text
+    for r in data["rows"]:
+        assert 0 < r["predicted_p10_step_time_s"] < r["predicted_step_time_s"] < r["predicted_p90_step_time_s"]
+        assert isinstance(r["support_runs"], int)
+    inside = sum(r["predicted_p10_step_time_s"] <= r["published_step_time_s"] <= r["predicted_p90_step_time_s"]
+                 for r in data["rows"])
+    assert cov["inside"] == inside
+
+
+def test_check_and_search_show_intervals(capsys, tmp_path):
+    assert main(["check", "--model", "70b", "--cluster", "h100x512.yaml", "--tp", "4", "--pp", "4", "--vpp", "5",
+                 "--cp", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    t = data["trust"]
+    assert t["predicted_p10_step_time_s"] < data["estimate"]["step_time_s"] < t["predicted_p90_step_time_s"]
+    assert t["support_runs"] == RECIPE_SUPPORT
+    out = tmp_path / "p"
+    assert main(["--model", "70b", "--cluster", "h100x512.yaml", "--top", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "support" in text and " (" in text
+    assert "best supported: #" in text                 # #1 is Megatron-FSDP, which no Hopper run supports
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["predicted_p10_step_time_s"] < saved["estimate"]["step_time_s"] < saved["predicted_p90_step_time_s"]
+    assert isinstance(saved["support_runs"], int) and isinstance(saved["thin_support"], bool)
+
+
+def test_cli_rank_by_p90_picks_a_supported_plan(capsys):
+    """With the shipped intervals, 70B on 512 H100 ranked by P90 no longer starts with the thinly supported
+    Megatron-FSDP layouts that lead by P50."""
+    assert main(["--model", "70b", "--cluster", "h100x512.yaml", "--json", "--top", "5"]) == 0
+    by50 = json.loads(capsys.readouterr().out)
+    assert main(["--model", "70b", "--cluster", "h100x512.yaml", "--json", "--top", "5", "--rank-by", "p90"]) == 0
+    by90 = json.loads(capsys.readouterr().out)
+    assert by90["rank_by"] == "p90" and by50["rank_by"] == "p50"
+    assert by50["plans"][0]["thin_support"] and by50["best_supported"]["support_runs"] >= 3
+    assert not by90["plans"][0]["thin_support"] and "best_supported" not in by90
+    p90s = [r["predicted_p90_step_time_s"] for r in by90["plans"]]
+    assert p90s == sorted(p90s)
+    assert by90["plans"][0]["predicted_p90_step_time_s"] < by50["plans"][0]["predicted_p90_step_time_s"]

@@ -70,7 +70,8 @@ def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
             raise InputError(f"{path}: key '{key}' {what} (plan.json from `plan --out` has model, cluster, plan)")
     missing = [k for k in REQUIRED_PLAN_FIELDS if k not in data["plan"]]
     if missing:
-        raise InputError(f"{path}: field 'plan.{missing[0]}' missing (required: {', '.join(REQUIRED_PLAN_FIELDS)})")
+        raise InputError(f"{path}: plan field '{missing[0]}' is missing (a plan.json from `plan --out` states "
+                         f"{', '.join(REQUIRED_PLAN_FIELDS)})")
     from pydantic import ValidationError
 
     def parse(key: str, spec):

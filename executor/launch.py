@@ -322,7 +322,18 @@ def _run_torchrun(cmd: list[str], env: dict, log: "_AttemptLog", timeout_s: floa
         if proc.poll() is None:   # any other exception on the way out
             _stop_group(proc)
         reader.join(timeout=10)
+        _remove_partial_writes(run)
     return rc
+
+
+def _remove_partial_writes(run: Path) -> None:
+    """Temporary files of writes a killed worker did not finish (checkpoint shards, metrics): once torchrun's
+    group has ended nothing will rename them, and the checkpoint without its manifest is passed over."""
+    for tmp in (run / "checkpoints").rglob("*.tmp") if (run / "checkpoints").is_dir() else ():
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

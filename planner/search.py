@@ -920,6 +920,8 @@ def _prepare(model, cluster, global_batch, objectives, sampler, storage, study_n
         study = optuna.create_study(storage=_open_storage(storage), sampler=smp, study_name=study_name,
                                     directions=["minimize"] * len(objectives), load_if_exists=True)
         _locked_pop(study, lock)
+        if storage is not None:
+            _fail_unsampled_dead_trials(study)
         sig = space.signature(encoding, objectives)
         if rank_by != "p50":  # studies made before --rank-by keep their signature
             sig["rank_by"] = rank_by
@@ -966,6 +968,24 @@ def _n_complete(study) -> int:
 CLAIM = "planner_claim"
 """Trial system attribute: the configuration key a DistinctSampler drew for the trial, set as it starts
 (before the objective suggests the parameters), so that processes sharing the study do not draw it too."""
+
+
+def _fail_unsampled_dead_trials(study) -> None:
+    """Fail the RUNNING trials without parameters that started more than GRACE_S ago: a process killed between
+    creating a trial and its first heartbeat (recorded as sampling starts) leaves one that Optuna's heartbeat
+    check never sees. A live process samples a trial's parameters within milliseconds of creating it."""
+    import datetime
+
+    import optuna
+
+    optuna.storages.fail_stale_trials(study)   # those with a heartbeat first: failed and retried
+    now = datetime.datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if not t.params and t.datetime_start is not None and (now - t.datetime_start).total_seconds() > GRACE_S:
+            try:
+                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            except (RuntimeError, optuna.exceptions.StorageInternalError, optuna.exceptions.UpdateFinishedTrialError):
+                pass
 
 
 def _beat(study, trial) -> None:

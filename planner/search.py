@@ -979,13 +979,18 @@ def _fail_unsampled_dead_trials(study) -> None:
     import optuna
 
     optuna.storages.fail_stale_trials(study)   # those with a heartbeat first: failed and retried
+    storage = study._storage
+    retry = (getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+             or getattr(storage, "get_failed_trial_callback", lambda: None)())   # Optuna < 4.9
     now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if not t.params and t.datetime_start is not None and (now - t.datetime_start).total_seconds() > GRACE_S:
             try:
-                study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+                failed = storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             except (RuntimeError, optuna.exceptions.StorageInternalError, optuna.exceptions.UpdateFinishedTrialError):
-                pass
+                failed = False
+            if failed and retry is not None:   # retried like a stale one: an enqueued seed keeps its parameters
+                retry(study, storage.get_trial(t._trial_id))
 
 
 def _beat(study, trial) -> None:

@@ -346,3 +346,26 @@ def test_request_that_cannot_fit_names_the_smallest_change(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "no layout fits" in out and "GB usable" in out
     assert "smallest change that fits:" in out and "GPUs" in out
+
+
+def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_path, monkeypatch):
+    """A process killed between creating a trial and sampling it leaves a RUNNING trial with no heartbeat and
+    no parameters; the next process fails it and enqueues it again, with an enqueued seed's parameters."""
+    import planner.search as ps
+
+    storage = ps._open_storage(f"sqlite:///{tmp_path / 'dead.db'}")
+    monkeypatch.setattr(ps, "GRACE_S", 0)   # (after opening: the storage's own grace must be positive)
+    study = optuna.create_study(storage=storage, study_name="dead")
+    study.enqueue_trial({"x": 3})
+    seed = study.ask()                      # popped, no heartbeat recorded: the process dies here
+    fresh = study.ask()
+    time.sleep(0.05)
+    ps._fail_unsampled_dead_trials(study)
+    trials = study.get_trials()
+    assert [trials[t.number].state for t in (seed, fresh)] == [optuna.trial.TrialState.FAIL] * 2
+    retried = {t.system_attrs["failed_trial"]: t for t in trials if "failed_trial" in t.system_attrs}
+    assert set(retried) == {seed.number, fresh.number}
+    assert all(t.state == optuna.trial.TrialState.WAITING for t in retried.values())
+    assert retried[seed.number].system_attrs["fixed_params"] == {"x": 3}
+    ps._fail_unsampled_dead_trials(study)   # a second process finds nothing more to fail
+    assert len(study.get_trials()) == len(trials)

@@ -259,7 +259,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _with_overrides(
+def with_overrides(
     spec: ModelSpec, where: str, seq_len: int | None, precision: str | None
 ) -> ModelSpec:
     updates: dict[str, Any] = {}
@@ -292,7 +292,7 @@ def get_model(
             f"unknown model {text!r}; catalog: {', '.join(catalog_names())} "
             "(or pass the path of a Hugging Face config.json)"
         )
-    return _with_overrides(_catalog()[name], f"model {name!r}", seq_len, precision)
+    return with_overrides(_catalog()[name], f"model {name!r}", seq_len, precision)
 
 
 # Hugging Face import ------------------------------------------------------------------------

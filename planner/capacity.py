@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.catalog import _with_overrides as with_overrides
+from costmodel.catalog import with_overrides
 from costmodel.compression import GradCompression, get_compression
 from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params

@@ -23,8 +23,6 @@ from costmodel.profiles import InputError
 from costmodel.specs import INT64_MAX
 
 SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune")
-# Up to this many valid layouts, a plain `plan` scores them all instead of sampling.
-EXHAUSTIVE_LIMIT = 50_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,7 +196,7 @@ def cmd_search(argv: list[str]) -> int:
     _profile_arg(ap)
     args = ap.parse_args(argv)
     from planner.report import best_supported, console, plan_row, ranked_table
-    from planner.search import exhaustive, optuna_search
+    from planner.search import choose_strategy
     from planner.space import default_global_batch
 
     if args.out:
@@ -213,8 +211,8 @@ def cmd_search(argv: list[str]) -> int:
     objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
     if args.storage and not args.study_name and args.workers > 1:
         raise InputError("--workers needs --study-name so that every process joins the same study")
-    # The vectorised cost model scores a few thousand layouts in well under a second, faster and exactly;
-    # Optuna is used when asked for (sampler, several objectives, storage) or when the space is large.
+    # Optuna is used when asked for (sampler, several objectives, storage) or when the space is large
+    # (planner.search.choose_strategy).
     wants_optuna = bool(args.sampler or args.storage or args.trials or objectives != ("time",))
     routing = _load_routing(args, model)
     if (routing is not None or cluster.device_groups) and wants_optuna:
@@ -224,16 +222,12 @@ def cmd_search(argv: list[str]) -> int:
         return _search_hetero(args, model, cluster, gbs, routing)
     if routing is not None:
         return _search_routed(args, model, cluster, gbs, routing)
-    if args.exhaustive or not wants_optuna:
-        from planner.space import valid_plans
-
-        n_valid = len(valid_plans(model, cluster, gbs))
-        if args.exhaustive or n_valid <= EXHAUSTIVE_LIMIT:
-            args.exhaustive = True
+    strategy = choose_strategy(model, cluster, gbs, exhaustive_only=args.exhaustive, sample=wants_optuna)
+    args.exhaustive = strategy.name == "exhaustive"
     if args.exhaustive:
-        res = exhaustive(model, cluster, gbs, rank_by=args.rank_by)
+        res = strategy.search(model, cluster, gbs, rank_by=args.rank_by)
     else:
-        res = _run_optuna(optuna_search, model, cluster, gbs, args, objectives)
+        res = _run_optuna(strategy.search, model, cluster, gbs, args, objectives)
     if res.evaluated == 0:
         raise InputError(f"no layout of {model.name} ({model.layers} layers) on {cluster.num_gpus} GPUs with "
                          f"global batch {gbs} passes Megatron's rules; try a global batch that is a multiple of "

@@ -37,7 +37,7 @@ from costmodel.profiles import InputError, load_profile
 from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 from planner.search import default_cost, exhaustive
-from planner.space import MICRO_BATCHES, RECOMPUTE_NAMES, _pow2_upto
+from planner.space import MICRO_BATCHES, RECOMPUTE_NAMES, cp_degrees, ep_degrees
 
 TP_CHOICES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2)
@@ -104,21 +104,13 @@ def _alone(model, cluster, gcl, gbs, cost, scorer) -> tuple[dict[str, Scored | N
     return best, kept
 
 
-def _cps(model: ModelSpec) -> list[int]:
-    return [c for c in _pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
-
-
-def _eps(model: ModelSpec) -> list[int]:
-    return [e for e in _pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
-
-
 def _uniform(model, cluster, gcl, gbs, scorer) -> list[Scored]:
     from costmodel.pipeline import stage_split_even
 
     names = list(gcl)
     sizes = [gcl[g].num_gpus for g in names]
     plans = []
-    for tp, cp, ep in itertools.product(TP_CHOICES, _cps(model), _eps(model)):
+    for tp, cp, ep in itertools.product(TP_CHOICES, cp_degrees(model), ep_degrees(model)):
         if any(tp > gcl[g].domain_gpus for g in names):
             continue
         for dp in divisors(min(sizes) // (tp * cp)) if min(sizes) % (tp * cp) == 0 else []:
@@ -192,7 +184,7 @@ def _shapes(model: ModelSpec, gc: ClusterSpec, cp: int) -> list[tuple[int, int, 
 def _mixed_layouts(model: ModelSpec, gcl: dict[str, ClusterSpec], gbs: int) -> list[tuple]:
     names = list(gcl)
     rows = []
-    for cp, ep in itertools.product(_cps(model), _eps(model)):
+    for cp, ep in itertools.product(cp_degrees(model), ep_degrees(model)):
         shapes = {g: _shapes(model, gcl[g], cp) for g in names}
         for r in range(2, len(names) + 1):
             for order in itertools.permutations(names, r):

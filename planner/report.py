@@ -9,7 +9,8 @@ from rich.table import Table
 
 from costmodel.estimate import BREAKDOWN_KEYS
 from costmodel.specs import StepEstimate
-from planner.search import SearchResult, to_plan
+from planner.search import SearchResult, rank_time, to_plan
+from planner.space import layout
 
 GB = 1e9
 
@@ -81,7 +82,6 @@ def best_supported(result: SearchResult) -> dict | None:
     if "support_runs" not in s or not len(result.order):
         return None
     from costmodel.trust import THIN_SUPPORT
-    from planner.search import rank_time
 
     order = result.order
     fits = np.asarray(s["fits"])[order]
@@ -109,28 +109,10 @@ def best_supported(result: SearchResult) -> dict | None:
 
 ZERO_LABELS = {0: "no ZeRO", 1: "distributed optimizer (ZeRO-1)", 2: "Megatron-FSDP optim_grads (ZeRO-2)",
                3: "Megatron-FSDP (ZeRO-3)"}
-ZERO_TAGS = {2: "zero2", 3: "fsdp"}
 
 
 def zero_label(stage: int) -> str:
     return ZERO_LABELS[int(stage)]
-
-
-def layout(p: dict) -> str:
-    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always) and the sharding when it is FSDP."""
-    parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
-    if p["vpp"] > 1:
-        parts.append(f"vpp{p['vpp']}")
-    parts.append(f"dp{p['dp']}")
-    if p["cp"] > 1:
-        parts.append(f"cp{p['cp']}")
-    if p["ep"] > 1:
-        parts.append(f"ep{p['ep']}")
-    if p.get("etp", 1) > 1:
-        parts.append(f"etp{p['etp']}")
-    if p.get("zero_stage", 1) in ZERO_TAGS:
-        parts.append(ZERO_TAGS[p["zero_stage"]])
-    return " ".join(parts)
 
 
 PLAN_LEGEND = ("compute / bubble / exposed comm: seconds per step (exposed = not hidden behind compute); headroom: "

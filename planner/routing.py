@@ -28,8 +28,7 @@ from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_dr
                                expert_fractions, expert_load, row_factors, top_share)
 from costmodel.rules import valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
-from costmodel.trust import with_intervals
-from planner.search import SearchResult, ranked, to_plan
+from planner.search import SearchResult, exhaustive, ranked, to_plan
 from planner.space import valid_plans
 
 HISTOGRAM_KEY = "moe_routing_histogram"
@@ -174,14 +173,14 @@ class RoutedSearch:
 
 def routed_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, routing: Routing,
                   **space_kw) -> RoutedSearch:
-    """Score the expert space (ep, etp, placement per ep) under the histogram; also score it balanced."""
+    """Score the expert space (ep, etp, placement per ep) under the histogram (the exhaustive strategy with the
+    routed cost function, ``Routing.cost``); also score it balanced."""
     plans = expert_space(model, cluster, global_batch, **space_kw)
-    if len(plans) == 0:
-        return RoutedSearch(SearchResult(plans, {}, np.zeros(0, dtype=int), 0), routing, -1)
+    res = exhaustive(model, cluster, global_batch, routing.cost, plans=plans)
+    if res.evaluated == 0:
+        return RoutedSearch(res, routing, -1)
     balanced = estimate_routed(model, cluster, plans, 1.0, 1.0)
-    res = ranked(plans, with_intervals(model, cluster, plans, routing.cost(model, cluster, plans)))
-    bal = ranked(plans, balanced)
-    return RoutedSearch(res, routing, int(bal.order[0]), balanced)
+    return RoutedSearch(res, routing, int(ranked(plans, balanced).order[0]), balanced)
 
 
 def routing_lines(rs: RoutedSearch) -> list[str]:

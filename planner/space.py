@@ -2,7 +2,8 @@
 
 Degrees are powers of two (tp, cp, ep bounded by the NVLink domain / expert count), pp a divisor of the
 layers, vpp a divisor of the layers per stage, dp what is left of the world size. Only plans that pass
-every rule of ``costmodel.rules`` are returned; fitting in memory is the search's business.
+every rule of ``costmodel.rules`` are returned; fitting in memory is the search's business. ``layout`` names
+a layout in one short label ("tp8 pp4 vpp5 dp16").
 
 Data-parallel sharding (``zero_stage``, ZERO_STAGES): every layout runs with Megatron's distributed
 optimizer (ZeRO-1: optimizer states sharded over dp x cp), and layouts without pipeline parallelism and
@@ -37,12 +38,45 @@ ZERO_STAGES = (1, 3)
 FSDP_STAGE = 3
 
 
-def _pow2_upto(n: int) -> list[int]:
+def pow2_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
     out, v = [], 1
     while v <= n:
         out.append(v)
         v *= 2
     return out
+
+
+def cp_degrees(model: ModelSpec) -> list[int]:
+    """Context-parallel degrees searched: powers of two up to 8 keeping 1,024 tokens per rank, for sequences
+    of 8k tokens or more; else 1."""
+    return [c for c in pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
+
+
+def ep_degrees(model: ModelSpec) -> list[int]:
+    """Expert-parallel degrees searched: powers of two that divide the routed experts (1 for dense models)."""
+    return [e for e in pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
+
+
+ZERO_TAGS = {2: "zero2", 3: "fsdp"}
+"""The short tag of a ZeRO stage in a layout label (none for the distributed optimizer, ZeRO-1)."""
+
+
+def layout(p: dict) -> str:
+    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always) and the sharding when it is FSDP."""
+    parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
+    if p["vpp"] > 1:
+        parts.append(f"vpp{p['vpp']}")
+    parts.append(f"dp{p['dp']}")
+    if p["cp"] > 1:
+        parts.append(f"cp{p['cp']}")
+    if p["ep"] > 1:
+        parts.append(f"ep{p['ep']}")
+    if p.get("etp", 1) > 1:
+        parts.append(f"etp{p['etp']}")
+    if p.get("zero_stage", 1) in ZERO_TAGS:
+        parts.append(ZERO_TAGS[p["zero_stage"]])
+    return " ".join(parts)
 
 
 def default_global_batch(model: ModelSpec, num_gpus: int) -> int:
@@ -67,13 +101,13 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
 
         raise InputError(f"zero_stages {list(zero_stages)}: valid ZeRO stages are 0, 1, 2, 3 (at least one)")
     n = cluster.num_gpus
-    tps = [t for t in _pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
-    cps = [c for c in _pow2_upto(8) if model.seq_len // c >= 1024] if model.seq_len >= 8192 else [1]
+    tps = [t for t in pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
+    cps = cp_degrees(model)
     pps = [p for p in divisors(model.layers) if p <= 64 and n % p == 0]
     # Pipeline depths that do not divide the layers run with an uneven split (lighter edge stages,
     # Megatron's --decoder-first/last-pipeline-num-layers or pipeline_model_parallel_layout).
-    uneven_pps = [p for p in _pow2_upto(min(64, model.layers // 2)) if n % p == 0 and model.layers % p]
-    eps = [e for e in _pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
+    uneven_pps = [p for p in pow2_upto(min(64, model.layers // 2)) if n % p == 0 and model.layers % p]
+    eps = ep_degrees(model)
     rows = []
     for tp, cp, pp, ep in itertools.product(tps, cps, pps + uneven_pps, eps):
         if n % (tp * cp * pp):

@@ -21,9 +21,12 @@ import pytest
 from costmodel.catalog import get_model
 from costmodel.profiles import InputError, load_cluster
 from costmodel.rules import check_plan
-from planner.search import (POLISH_FRACTION, OptunaResult, _cfg_of_key, _keys, _Objective, _optimize, _polish,
-                            default_budget, default_cost, exhaustive, expert_seeds, optuna_search, polish_budget,
-                            search_space)
+from planner.search import (POLISH_FRACTION, OptunaResult, default_budget, default_cost, exhaustive, expert_seeds,
+                            optuna_search, polish_budget, search_space)
+from planner.search._keys import cfg_of_key, knob_keys
+from planner.search._objective import Objective
+from planner.search._polish import polish
+from planner.search._trials import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 512
@@ -183,7 +186,7 @@ def test_default_budget():
 def test_neighbours_are_valid_single_steps_and_repairs_two(m70):
     model, cluster = m70
     space = search_space(model, cluster, GB)
-    obj = _Objective(space, default_cost, ("time",), "categorical", penalise=False)
+    obj = Objective(space, default_cost, ("time",), "categorical", penalise=False)
     ords = obj._ordinals()
     key = (cluster.nodes, 8, 1, 4, 5, 1, 1, 1, 1)   # tp8 pp4 vpp5, selective recompute, ZeRO-1
     assert key[1:] in space.index[cluster.nodes]
@@ -207,18 +210,18 @@ def test_polish_climbs_from_two_steps_away_to_the_exhaustive_optimum():
     is best, cp 8 with micro-batch 2, ...), the polish sweep reaches the optimum within 20 trials."""
     model, cluster = get_model("405b"), load_cluster("h100x16384")
     ex = exhaustive(model, cluster, GB)
-    best = (cluster.nodes, *_keys(ex.plans)[ex.order[0]])
+    best = (cluster.nodes, *knob_keys(ex.plans)[ex.order[0]])
     space = search_space(model, cluster, GB)
-    probe = _Objective(space, default_cost, ("time",), "categorical", penalise=False)
+    probe = Objective(space, default_cost, ("time",), "categorical", penalise=False)
     near = set(probe.neighbours(best))
     starts = sorted({n2 for n in near for n2 in probe.neighbours(n)} - near - {best})
     assert len(starts) >= 8
     for start in starts:
-        obj = _Objective(space, default_cost, ("time",), "categorical", penalise=False)
+        obj = Objective(space, default_cost, ("time",), "categorical", penalise=False)
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-        study.enqueue_trial(obj.params_of({"nodes": start[0], **_cfg_of_key(start[1:])}))
-        _optimize(study, obj, 1, None, None)
-        done, interrupted = _polish(study, obj, 20, None, None)
+        study.enqueue_trial(obj.params_of({"nodes": start[0], **cfg_of_key(start[1:])}))
+        optimize(study, obj, 1, None, None)
+        done, interrupted = polish(study, obj, 20, None, None)
         assert not interrupted and 1 <= done <= 20
         assert obj.ranked_keys()[0] == best, start
 
@@ -300,10 +303,10 @@ def test_sqlite_study_survives_sigint_and_sigkill_and_resumes(m70, tmp_path, mon
     assert len(stale) <= 1                                       # at most the trial in flight at the kill
     # --trials N means N finished trials in the study: the resumed run completes to len(before) + 15. The
     # killed process's heartbeat stopped; with a 1 s grace the first trial of the resumed run fails it.
-    import planner.search as ps
+    from planner.search import _storage
 
-    monkeypatch.setattr(ps, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(ps, "GRACE_S", 1)
+    monkeypatch.setattr(_storage, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(_storage, "GRACE_S", 1)
     time.sleep(1.5)
     res = optuna_search(model, cluster, GB, storage=url, study_name="resume", n_trials=len(before) + 15, seed=2)
     assert res.n_trials == 15 and not res.interrupted
@@ -351,21 +354,21 @@ def test_request_that_cannot_fit_names_the_smallest_change(tmp_path, capsys):
 def test_a_trial_killed_before_its_first_heartbeat_is_failed_and_retried(tmp_path, monkeypatch):
     """A process killed between creating a trial and sampling it leaves a RUNNING trial with no heartbeat and
     no parameters; the next process fails it and enqueues it again, with an enqueued seed's parameters."""
-    import planner.search as ps
+    from planner.search import _storage
 
-    storage = ps._open_storage(f"sqlite:///{tmp_path / 'dead.db'}")
-    monkeypatch.setattr(ps, "GRACE_S", 0)   # (after opening: the storage's own grace must be positive)
+    storage = _storage.open_storage(f"sqlite:///{tmp_path / 'dead.db'}")
+    monkeypatch.setattr(_storage, "GRACE_S", 0)   # (after opening: the storage's own grace must be positive)
     study = optuna.create_study(storage=storage, study_name="dead")
     study.enqueue_trial({"x": 3})
     seed = study.ask()                      # popped, no heartbeat recorded: the process dies here
     fresh = study.ask()
     time.sleep(0.05)
-    ps._fail_unsampled_dead_trials(study)
+    _storage.fail_unsampled_dead_trials(study)
     trials = study.get_trials()
     assert [trials[t.number].state for t in (seed, fresh)] == [optuna.trial.TrialState.FAIL] * 2
     retried = {t.system_attrs["failed_trial"]: t for t in trials if "failed_trial" in t.system_attrs}
     assert set(retried) == {seed.number, fresh.number}
     assert all(t.state == optuna.trial.TrialState.WAITING for t in retried.values())
     assert retried[seed.number].system_attrs["fixed_params"] == {"x": 3}
-    ps._fail_unsampled_dead_trials(study)   # a second process finds nothing more to fail
+    _storage.fail_unsampled_dead_trials(study)   # a second process finds nothing more to fail
     assert len(study.get_trials()) == len(trials)

@@ -242,21 +242,21 @@ def test_postgresql_urls_name_their_driver(monkeypatch):
     import importlib.util
 
     from costmodel.profiles import InputError
-    from planner.search import _storage_url
+    from planner.search._storage import storage_url
 
-    assert _storage_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert storage_url("sqlite:///x.db") == "sqlite:///x.db"
     real = importlib.util.find_spec
     have = {"psycopg": True, "psycopg2": True}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if have.get(name) else
                         (None if name in have else real(name, *a)))
-    assert _storage_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
-    assert _storage_url("postgres://u@h:5/db") == "postgresql+psycopg://u@h:5/db"
-    assert _storage_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert storage_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert storage_url("postgres://u@h:5/db") == "postgresql+psycopg://u@h:5/db"
+    assert storage_url("postgresql+psycopg2://u@h/db") == "postgresql+psycopg2://u@h/db"
     have["psycopg"] = False
-    assert _storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
+    assert storage_url("postgresql://u@h/db") == "postgresql+psycopg2://u@h/db"
     with pytest.raises(InputError, match=r"driver psycopg is not installed; pip install -e \"\.\[postgres\]\""):
-        _storage_url("postgresql+psycopg://u@h/db")
+        storage_url("postgresql+psycopg://u@h/db")
     have["psycopg2"] = False
     with pytest.raises(InputError, match=r"^--storage postgresql://u@h/db: .*\[postgres\]") as e:
-        _storage_url("postgresql://u@h/db")
+        storage_url("postgresql://u@h/db")
     assert "\n" not in str(e.value)

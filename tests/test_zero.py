@@ -19,7 +19,8 @@ from costmodel.rules import check_plan, valid_mask, violations
 from costmodel.specs import ParallelPlan
 from planner.cli import main
 from planner.outputs import megatron_args, parse_megatron_args
-from planner.search import _Objective, exhaustive, expert_seeds, optuna_search, search_space
+from planner.search import exhaustive, expert_seeds, optuna_search, search_space
+from planner.search._objective import Objective
 from planner.space import valid_plans
 
 H100 = load_cluster("h100x512")
@@ -135,13 +136,13 @@ def test_search_space_and_seeds_carry_the_knob(m70):
     assert len(fsdp) == 2 and seeds[1] == fsdp[0]
     assert all(s["pp"] == 1 and s["cp"] == 1 for s in fsdp)
     for s in seeds:
-        key = _Objective.key_of({**s, "nodes": H100.nodes})
+        key = Objective.key_of({**s, "nodes": H100.nodes})
         assert key[1:] in space.index[H100.nodes]
 
 
 def test_nearest_unseen_moves_an_invalid_fsdp_proposal_to_a_valid_one(m70):
     space = search_space(m70, H100, 512)
-    obj = _Objective(space, None, ("time",), "categorical", penalise=False)
+    obj = Objective(space, None, ("time",), "categorical", penalise=False)
     bad = {"nodes": H100.nodes, "tp": 8, "cp": 1, "pp": 4, "vpp": 1, "ep": 1, "micro_batch": 1,
            "recompute": "selective", "zero_stage": 3}
     key = obj.key_of(bad)
@@ -192,7 +193,7 @@ def test_invalid_fsdp_trial_is_not_scored(m70):
         return default_cost(model, cluster, plans)
 
     space = search_space(m70, H100, 512)
-    obj = _Objective(space, cost, ("time",), "categorical", penalise=False)
+    obj = Objective(space, cost, ("time",), "categorical", penalise=False)
     ev = obj.evaluate({"nodes": H100.nodes, "tp": 8, "cp": 1, "pp": 4, "vpp": 1, "ep": 1, "micro_batch": 1,
                        "recompute": "selective", "zero_stage": 3})
     assert not ev["valid"] and not calls
@@ -252,7 +253,7 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
     assert main([*argv, "--json"]) in (0, 1)
     rows = json.loads(capsys.readouterr().out)["plans"]
     assert all(r["plan"]["zero_stage"] in (1, 3) for r in rows)
-    from planner.report import layout
+    from planner.space import layout
 
     assert layout({**rows[0]["plan"], "zero_stage": 3}).endswith(" fsdp")
     assert layout({**rows[0]["plan"], "zero_stage": 1}).split()[-1] != "fsdp"

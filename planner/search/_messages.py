@@ -1,0 +1,35 @@
+"""No-fit messages: why nothing fits a request, and the smallest change (more nodes) that would."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.specs import ClusterSpec, ModelSpec
+from planner.search._results import CostFn, SearchResult, default_cost, to_plan
+from planner.search._strategy import exhaustive
+from planner.space import layout
+
+GB = 1e9
+
+
+def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, result: SearchResult,
+                   cost: CostFn = default_cost, max_doublings: int = 6) -> str:
+    """Why nothing fits, and the smallest change that would: the closest plan's memory against capacity and
+    what dominates it, then the fewest nodes (doubling) at which some layout fits."""
+    i = int(result.order[0])
+    peak = float(np.nanmax(result.scores["peak_memory_bytes"][i]))
+    cap = float(result.scores["memory_capacity_bytes"][i])
+    parts = {k: float(result.scores[k][i]) for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                     "activations_bytes")}
+    top = max(parts, key=parts.get).removesuffix("_bytes")
+    p = to_plan(result.plans, i)
+    msg = (f"no layout fits: the closest ({layout(p.model_dump())}, {p.recompute} recompute, micro-batch "
+           f"{p.micro_batch}) needs {peak / GB:.0f} GB per GPU against {cap / GB:.0f} GB usable, mostly {top}")
+    for k in range(1, max_doublings + 1):
+        bigger = cluster.model_copy(update={"nodes": cluster.nodes * 2**k})
+        res = exhaustive(model, bigger, global_batch, cost)
+        if res.any_fits:
+            q = to_plan(res.plans, int(res.order[0]))
+            return (msg + f"; smallest change that fits: {bigger.num_gpus} GPUs ({bigger.nodes} nodes) with "
+                    f"{layout(q.model_dump())}, {q.recompute} recompute, micro-batch {q.micro_batch}")
+    return msg + f"; even {cluster.num_gpus * 2**max_doublings} GPUs do not fit it: a GPU with more memory is needed"

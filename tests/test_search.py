@@ -178,6 +178,39 @@ def test_bad_arguments_are_one_line_input_errors(m70, tmp_path):
         optuna_search(model, cluster, 2 * GB, n_trials=3, storage=url, study_name="s")
 
 
+def test_choose_strategy_builds_the_space_once_and_hands_it_on(m70, ex70, monkeypatch):
+    """The valid plans counted to choose exhaustive vs Optuna are the ones the chosen strategy searches: built
+    once (not again inside exhaustive or optuna_search), and the result is the same as a fresh search's."""
+    import planner.search._keys as keys
+    import planner.search._strategy as strategy
+    from planner.search import choose_strategy
+
+    model, cluster = m70
+    built = []
+    real = strategy.valid_plans
+
+    def counting(*a, **kw):
+        built.append(a[1].nodes)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(strategy, "valid_plans", counting)
+    monkeypatch.setattr(keys, "valid_plans", counting)
+    chosen = choose_strategy(model, cluster, GB)
+    assert chosen.name == "exhaustive" and chosen.n_valid == ex70.evaluated
+    res = chosen.search(model, cluster, GB)
+    assert built == [cluster.nodes]
+    assert np.array_equal(res.order, ex70.order) and np.allclose(res.scores["step_time_s"], ex70.scores["step_time_s"])
+    # Over the limit, Optuna gets the same plans: its study space is not built again.
+    chosen = choose_strategy(model, cluster, GB, limit=ex70.evaluated - 1)
+    assert chosen.name == "optuna" and chosen.n_valid == ex70.evaluated and len(built) == 2
+    res = chosen.search(model, cluster, GB, n_trials=12, seed=0)
+    assert len(built) == 2 and res.n_trials == 12
+    assert_all_valid(res, model)
+    # Asked to sample: nothing is counted, Optuna builds its own space; asked for exhaustive: exhaustive.
+    assert choose_strategy(model, cluster, GB, sample=True).name == "optuna" and len(built) == 2
+    assert choose_strategy(model, cluster, GB, sample=True, exhaustive_only=True, limit=0).name == "exhaustive"
+
+
 def test_default_budget():
     assert default_budget(3153) == 315
     assert default_budget(120) == 50

@@ -58,13 +58,13 @@ def choose_strategy(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *
     ``limit`` valid layouts; else Optuna (``sample``: the request needs a study, e.g. a sampler, a storage, a
     trial count or several objectives). The valid plans are built once, only when they must be counted,
     and handed to the strategy."""
-    if sample and not exhaustive_only:
-        from planner.search._optuna import optuna_search
+    plans = None
+    if exhaustive_only or not sample:
+        plans = valid_plans(model, cluster, global_batch)
+        if exhaustive_only or len(plans) <= limit:
+            return Strategy("exhaustive", partial(exhaustive, plans=plans), len(plans))
+    from planner.search._optuna import optuna_search   # (imports Optuna: only when it is chosen)
 
+    if plans is None:
         return Strategy("optuna", optuna_search)
-    plans = valid_plans(model, cluster, global_batch)
-    if exhaustive_only or len(plans) <= limit:
-        return Strategy("exhaustive", partial(exhaustive, plans=plans), len(plans))
-    from planner.search._optuna import optuna_search
-
     return Strategy("optuna", partial(optuna_search, plans=plans), len(plans))

@@ -1,7 +1,7 @@
 """Finding the fastest plan that fits: search the layouts of ``planner.space`` with an injected cost function.
 
 This module is the package's public face; everything it names lives in a private module behind it (as
-``optuna.study`` does), and nothing outside the package imports those modules.
+``optuna.study`` does), and nothing outside the package but its tests imports those modules.
 
 Strategies (one signature: ``search(model, cluster, global_batch, *, cost=default_cost, rank_by="p50",
 plans=None, ...)`` returning a ``SearchResult``):

@@ -2,9 +2,12 @@
 
 Every strategy is a function ``search(model, cluster, global_batch, *, cost=default_cost, rank_by="p50",
 plans=None, **options) -> SearchResult``: ``exhaustive`` scores every valid plan in one vectorised call,
-``optuna_search`` samples them (``_optuna``); the routed search (``planner.routing``) is ``exhaustive`` over the
-expert space with a routed cost function. ``choose_strategy`` picks one for a request and builds the valid
-plans at most once: the space it counts to decide is the space the chosen strategy searches.
+``optuna_search`` samples them (``_optuna``); the routed search (``planner.routing.routed_search``) is
+``exhaustive`` over the expert space with a routed cost function, and the heterogeneous search
+(``planner.hetero``) runs ``exhaustive`` on each device group with the same cost function before it adds
+mixed layouts (its result, ``HeteroResult``, is its own). ``choose_strategy`` picks exhaustive or Optuna for a
+request and builds the valid plans at most once: the space it counts to decide is the space the chosen
+strategy searches.
 """
 
 from __future__ import annotations

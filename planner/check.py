@@ -55,7 +55,8 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import PlanArrays, estimate, estimate_arrays
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, violations
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+from costmodel.plan import ParallelPlan, even_split
+from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
 __all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours"]
 
@@ -156,12 +157,6 @@ def _base_figures(est: StepEstimate, plan: ParallelPlan, peak_flops: float) -> d
 # The neighbourhood -----------------------------------------------------------------------------------
 
 
-def _even_split(layers: int, pp: int) -> tuple[int, ...]:
-    """Megatron's default split as estimate() fills it (any remainder on the stages after the first)."""
-    per, rem = divmod(layers, pp)
-    return tuple(per + (1 if 1 <= i <= rem else 0) for i in range(pp))
-
-
 def _make(base: ParallelPlan, **upd) -> ParallelPlan | None:
     if "recompute" in upd and upd["recompute"] != base.recompute:
         upd.setdefault("recompute_layers", None)
@@ -178,7 +173,7 @@ def _edge_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
     pp, unit = plan.pp, max(plan.vpp, 1)
     if pp < 2:
         return []
-    base = list(_even_split(model.layers, pp))
+    base = list(even_split(model.layers, pp))
     out: list[tuple[int, ...]] = [tuple(base)]
     if pp == 2:
         for k in (-2, -1, 1, 2):
@@ -248,7 +243,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             moves.append(("pp", {"pp": p2, "vpp": v2, "dp": dp2, **leave_fsdp}))
     # Interleaving depth at the same pp.
     if pp > 1:
-        counts = plan.layers_per_stage or _even_split(model.layers, pp)
+        counts = plan.layers_per_stage or even_split(model.layers, pp)
         g = int(np.gcd.reduce([c for c in counts if c > 0])) if any(counts) else 1
         for v2 in divisors(g):
             if v2 != vpp and v2 <= 16:
@@ -288,7 +283,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
     # Stage splits at the current settings first (few, and the only fix for an uneven split).
     if pp > 1:
-        even = _even_split(model.layers, pp)
+        even = even_split(model.layers, pp)
         for j, s in enumerate(_edge_splits(model, plan)):
             lps = None if (s == even and model.layers % pp == 0) else s
             add("split", -1 - j, True, _make(plan, layers_per_stage=lps))
@@ -308,14 +303,14 @@ def _filled(model: ModelSpec, p: ParallelPlan) -> ParallelPlan:
     """The plan with its split written out, as estimate() scores it."""
     if p.layers_per_stage is not None:
         return p
-    return p.model_copy(update={"layers_per_stage": _even_split(model.layers, p.pp)})
+    return p.model_copy(update={"layers_per_stage": even_split(model.layers, p.pp)})
 
 
 # Text ------------------------------------------------------------------------------------------------
 
 
 def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
-    s = p.layers_per_stage or _even_split(model.layers, p.pp)
+    s = p.layers_per_stage or even_split(model.layers, p.pp)
     return "/".join(str(x) for x in s)
 
 

@@ -95,7 +95,7 @@ def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], 
     """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r (embedding first, MTP
     modules and loss last, a rank's later chunks taking the remainder); written by planner/split.py beside
     the split."""
-    from planner.split import megatron_layout
+    from costmodel.plan import megatron_layout
 
     return megatron_layout(tuple(int(x) for x in layers_per_stage), vpp, mtp=mtp)
 

@@ -1,4 +1,5 @@
-"""The ``plan`` command: parse arguments, dispatch, print. Nothing else lives here.
+"""The ``plan`` command: parse arguments, build the request, call, print. Nothing else lives here: the defaults
+are planner/request.py's, the console and progress bar planner/terminal.py's, the files planner/outputs.py's.
 
     plan --model 70b --cluster h100x512.yaml         search layouts, print the ranked table
     plan check --model 70b --cluster ... --tp 8 ...  predict one layout and check it against every rule
@@ -82,9 +83,11 @@ def _profile_arg(ap: argparse.ArgumentParser) -> None:
                          "profile of its GPU type")
 
 
-def _model_flags(ap: argparse.ArgumentParser) -> None:
-    """The flags naming the model, shared by every planning command."""
+def _model_flags(ap: argparse.ArgumentParser, then=lambda ap: None) -> None:
+    """The flags naming the model, shared by every planning command (``then`` adds the command's own flags
+    after --model, where --help lists them)."""
     ap.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b, deepseek-v3) or a HF config.json")
+    then(ap)
     ap.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
     ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
     ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
@@ -95,8 +98,8 @@ def _json_flag(ap: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    _model_flags(p)
-    p.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
+    _model_flags(p, lambda ap: ap.add_argument("--cluster", required=True,
+                                               help="cluster YAML (a path or a file in hardware_profiles/clusters/)"))
     _json_flag(p)
 
 
@@ -562,8 +565,8 @@ def _coverage_line(what: str, c: dict) -> str:
 
 
 def _capacity_args(ap: argparse.ArgumentParser) -> None:
-    _model_flags(ap)
-    ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 (default: 20 per parameter)")
+    _model_flags(ap, lambda ap: ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 "
+                                                                             "(default: 20 per parameter)"))
     ap.add_argument("--compression", default="none", help="DP gradient compression: none, int8, int4 (error feedback)")
     ap.add_argument("--price-per-gpu-hour", default=None, help="$ per GPU-hour, instead of the cluster files' price")
     ap.add_argument("--failure-scale", type=_rate, default=1.0, help="multiply the default failure rates (Llama 3)")

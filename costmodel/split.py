@@ -263,9 +263,11 @@ def min_max_split(
     extras = [(first_extra if j == 0 else 0.0) + (last_extra if j == pp - 1 else 0.0) for j in range(pp)]
     allowed = count_ok(pp, L, m)
     if stage_memory is not None:
-        for j, u, v in zip(*np.nonzero(allowed)):
-            allowed[j, u, v] = float(stage_memory(int(j), int(u), int(v - u))) <= memory_capacity
-    cost = np.where(allowed, interval_costs(extras, prefix), np.inf)
+        where = np.nonzero(allowed)
+        peak = [float(stage_memory(j, u, v - u)) for j, u, v in zip(*(w.tolist() for w in where))]
+        allowed[where] = np.array(peak) <= memory_capacity
+    # Stage cost = (its layers) + its edge extra, summed in that order.
+    cost = np.where(allowed, interval_costs(np.zeros(pp), prefix) + np.asarray(extras)[:, None, None], np.inf)
     try:
         split, worst, _ = solve_split(cost, tie_tol=_REL_TOL * cost_scale,
                                       tie_tol_sq=_REL_TOL * cost_scale * cost_scale, mean_cost=mean)

@@ -8,6 +8,11 @@ then the pipeline schedule (pipeline.py) turns stage times into the step, and th
 gradient / parameter collectives add what the overlap with the last backward / first forward does
 not hide, plus the optimizer step. Both bounds are reported: every overlappable collective hidden
 (lower) and none hidden (upper).
+
+Each of these is one named term, in the order :func:`compose_step` composes them: :func:`layer_terms`
+(one dense / MoE layer and its recompute), :func:`stage_times` (each representative stage and the
+pipeline), :func:`stage_params` and :func:`dp_tail` (data-parallel sync and optimizer), :func:`stage_memory`
+(per-stage peak memory), then :func:`step_time_s` and :func:`mfu`, which costmodel/hetero.py shares.
 """
 
 from __future__ import annotations
@@ -170,6 +175,8 @@ class Stages:
 
 
 def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
+    """The plans' pipeline stages: three representative columns for the even split, one per stage for
+    explicit splits (``a.stage_layers``; NaN rows take the even split)."""
     pp = a.pp.astype(int)
     n = len(pp)
     if a.stage_layers is None:
@@ -245,6 +252,7 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
 
 
 def _gemm(c: SimpleNamespace, flops, min_dim):
+    """Seconds of GEMMs of ``flops`` in the plans' GEMM dtype, ``min_dim`` their smallest dimension."""
     return compute.gemm_time_s(c.prof, c.dtype, flops, min_dim)
 
 
@@ -739,6 +747,7 @@ BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "
 
 
 def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
+    """Plan ``i`` of an estimate_arrays result as a StepEstimate."""
     stage = out["stage_time_s"][i]
     peak = out["peak_memory_bytes"][i]
     return StepEstimate(

@@ -209,6 +209,7 @@ def solve_split(cost: np.ndarray, *, microbatches: int | None = None, vpp: int =
 
 def _check_min_max_args(costs: list[float], pp: int, m: int, first_extra: float, last_extra: float,
                         stage_memory: StageMemory | None, memory_capacity: float | None) -> None:
+    """min_max_split's arguments, or a one-line ValueError saying why no split can exist."""
     L = len(costs)
     if pp < 1:
         raise ValueError(f"pp={pp} must be >= 1")
@@ -498,6 +499,7 @@ def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacit
 
 
 def _layer_sum(b_dense: float, b_moe: float, split: tuple[int, ...], s: int, dense_layers: int) -> float:
+    """What stage s's layers of ``split`` cost at ``b_dense`` per dense and ``b_moe`` per MoE layer."""
     u = sum(split[:s])
     nd = min(max(dense_layers - u, 0), split[s])
     return b_dense * nd + b_moe * (split[s] - nd)

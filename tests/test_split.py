@@ -1,4 +1,5 @@
-"""The exact pipeline stage split (planner.split): DP vs brute force, real models, Megatron strings."""
+"""The exact pipeline stage split (costmodel.split) and its Megatron strings (costmodel.plan): DP vs brute force, real
+models."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from costmodel.estimate import PlanArrays, estimate, estimate_arrays
 from costmodel.profiles import load_cluster
 from costmodel.rules import violations
 from costmodel.plan import FIRST_FLAG, LAST_FLAG, ParallelPlan, megatron_layout, parse_megatron_layout, uneven_flags
-from planner.split import best_split, layer_costs, min_max_split, stage_memory_table
+from costmodel.split import best_split, layer_costs, min_max_split, stage_memory_table
 
 # Brute force ---------------------------------------------------------------------------------------
 

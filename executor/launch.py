@@ -226,8 +226,11 @@ def default_dtype(model: ModelSpec) -> str:
 def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: int = 10, dtype: str | None = None,
            lr: float = 3e-3, seed: int = 1234, data: str | None = None, checkpoint_every: int = 0,
            init: str = "canonical", timeout_s: float | None = None, env: dict[str, str] | None = None,
-           quiet: bool = True) -> RunResult:
+           quiet: bool = True, worker: str | os.PathLike | None = None) -> RunResult:
     """Run ``executor.train`` for a plan under torchrun on this machine and return its summary.
+
+    ``worker``: a Python file torchrun runs on each rank instead (it takes executor.train's arguments and
+    calls ``executor.train.main``; the fault tests pass tests/kill_worker.py).
 
     Raises InputError before starting when the plan is invalid or does not fit the machine, when another
     launch holds the run directory (``RunLock``), or when its checkpoints cannot be resumed with this plan
@@ -253,7 +256,7 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
             return done
         resume, notes = choose_resume(run, plan, str(plan_path))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-               "-m", "executor.train", "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
+               *(["-m", "executor.train"] if worker is None else [str(Path(worker).resolve())]), "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
                "--steps", str(steps), "--dtype", dtype, "--lr", str(lr), "--seed", str(seed),
                "--checkpoint-every", str(checkpoint_every), "--init", init,
                "--resume-from", str(resume.resolve()) if resume is not None else "none"]

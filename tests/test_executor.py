@@ -21,7 +21,7 @@ from costmodel.profiles import InputError  # noqa: E402
 from costmodel.specs import ParallelPlan  # noqa: E402
 from executor.data import SyntheticTask, microbatches  # noqa: E402
 from executor.launch import LaunchError, first_worker_error, launch, read_plan  # noqa: E402
-from executor.train import KILL_ENV  # noqa: E402
+from kill_worker import HERE as KILL_WORKER, KILL_ENV  # noqa: E402  (tests/kill_worker.py)
 
 STEPS = 6
 REL = 1e-5
@@ -115,7 +115,8 @@ def test_killed_rank_resumes_on_the_same_curve(reference, tmp_path):
     plan = write_plan(tmp_path / "plan.json", "tiny-gpt", dp=2)
     run = tmp_path / "run"
     with pytest.raises(LaunchError, match=r"rank 1: killed by signal 9"):
-        launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2, env={KILL_ENV: "1:3"}, timeout_s=240)
+        launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2, env={KILL_ENV: "1:3"},
+               worker=KILL_WORKER, timeout_s=240)
     assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()
     res = launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2)
     assert [r["step"] for r in res.metrics] == list(range(1, STEPS + 1))

@@ -11,14 +11,13 @@ are checked against the published sizes in ``tests/test_catalog.py``.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.profiles import InputError, read_text, validation_line
+from costmodel.profiles import InputError, parse_json, read_text, validation_line
 from costmodel.specs import ModelSpec
 
 __all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
@@ -340,15 +339,7 @@ class _Config:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    text = read_text(path, "config.json")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
+    data = parse_json(read_text(path, "config.json"), path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object of config fields at the top level")
     return data

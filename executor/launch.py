@@ -48,19 +48,12 @@ REQUIRED_PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "sequence_pa
 
 def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
     """Model and plan of a plan.json, with a one-line error naming the file when it is not one."""
-    from costmodel.profiles import read_text, validation_line
+    from costmodel.profiles import parse_json, read_text, validation_line
 
     p = Path(path)
-    try:
-        data = json.loads(read_text(p, "plan file"))
-    except InputError as exc:
-        if not p.exists():
-            raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)") from None
-        raise exc from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    except RecursionError:
-        raise InputError(f"{path}: not JSON (nested too deeply)") from None
+    if not p.exists():
+        raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)")
+    data = parse_json(read_text(p, "plan file"), path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object with model, cluster and plan (as `plan --out` writes), "
                          f"got {type(data).__name__}")

@@ -135,7 +135,7 @@ def test_bad_plans_are_refused_before_any_process_starts(tmp_path):
     with pytest.raises(InputError, match=r"needs 64 ranks .* at most \d+ CPU processes \(2 per core on \d+ cores"):
         launch(big, tmp_path / "never")
     (tmp_path / "junk.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"junk.json: not JSON"):
+    with pytest.raises(InputError, match=r"junk.json: line 1 column 2: malformed JSON"):
         read_plan(tmp_path / "junk.json")
 
 

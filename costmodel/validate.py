@@ -1,8 +1,9 @@
 """Scoring the cost model against published training runs (``plan validate``).
 
 Reads any CSV with the columns of ``data/validation/published_runs.csv``; every ``scored=true`` row
-is turned into (model, cluster, plan, framework: its ``framework`` column) and predicted. Fields the source did not publish are
-filled the way the row's framework fills them by default, and each row says what was assumed.
+is turned into (model, cluster, plan, framework: the ``framework`` column) and predicted. Fields the
+source did not publish are filled the way the row's framework fills them by default, and each row says
+what was assumed.
 """
 
 from __future__ import annotations

@@ -248,8 +248,9 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
         if done is not None:
             return done
         resume, notes = choose_resume(run, plan, str(plan_path))
+        script = ["-m", "executor.train"] if worker is None else [str(Path(worker).resolve())]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-               *(["-m", "executor.train"] if worker is None else [str(Path(worker).resolve())]), "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
+               *script, "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
                "--steps", str(steps), "--dtype", dtype, "--lr", str(lr), "--seed", str(seed),
                "--checkpoint-every", str(checkpoint_every), "--init", init,
                "--resume-from", str(resume.resolve()) if resume is not None else "none"]

@@ -166,6 +166,29 @@ def test_data_is_split_the_same_way_for_every_layout():
     assert 0 < task.entropy_nats() < np.log(64) / 2
 
 
+def test_autotune_runs_the_injected_ranking_and_skips_what_cannot_run_here():
+    """autotune takes the planner's ranking as a function of the profile (it never imports the planner): the
+    first runnable plans in that order, plans the executor refuses (tp 3 on 4 heads, FSDP) skipped."""
+    from costmodel.profiles import load_profile
+    from executor.autotune import ranked_runnable
+
+    model, profile = get_model("tiny-gpt"), load_profile("H100")
+    kw = {"global_batch": 8, "micro_batch": 2, "recompute": "none"}
+    order = [(ParallelPlan(tp=3, **kw), 0.1), (ParallelPlan(**kw), 0.2),
+             (ParallelPlan(dp=2, zero_stage=2, **kw), 0.25), (ParallelPlan(dp=2, **kw), 0.3),
+             (ParallelPlan(pp=2, **kw), 0.4)]
+    asked, taken = [], []
+
+    def rank_plans(prof):
+        asked.append(prof)
+        for plan, t in order:
+            taken.append(plan)
+            yield plan, t
+
+    assert ranked_runnable(rank_plans, model, profile, 2) == [order[1], order[3]]
+    assert asked == [profile] and len(taken) == 4          # stops once it has enough
+
+
 def test_autotune_closes_the_loop_on_this_machine(tmp_path):
     """plan profile (quick) -> plan autotune: trials measured, calibration lowers their error, the winner is
     the fastest measured trial and the full run trains."""

@@ -82,8 +82,7 @@ def _measured(summary: dict) -> float:
 
 
 def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, rank_plans: RankPlans,
-             run_dir: str | Path,
-             trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str | None = None,
+             run_dir: str | Path, trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str | None = None,
              profile: HardwareProfile | None = None, data: str | None = None,
              say: Callable[[str], None] = print, trial_timeout_s: float | None = 900.0) -> AutotuneResult:
     """Plan -> trial runs -> calibrate -> re-plan -> full launch of the best measured plan.

@@ -29,6 +29,7 @@ import numpy as np
 from costmodel.specs import ModelSpec, ParallelPlan
 from executor.checkpoints import disk_error, write_atomic
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="executor.train", description=__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, help="plan.json written by `plan --out`")

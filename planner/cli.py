@@ -1100,9 +1100,8 @@ def cmd_autotune(argv: list[str]) -> int:
             yield found.split_plan(rank), float(found.scores["step_time_s"][i])
 
     res = autotune(model, cluster, global_batch=gb, rank_plans=rank_plans, run_dir=args.run_dir,
-                   trial_steps=args.trial_steps,
-                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say,
-                   trial_timeout_s=args.trial_timeout)
+                   trial_steps=args.trial_steps, top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof,
+                   data=args.data, say=say, trial_timeout_s=args.trial_timeout)
     if args.json:
         print(json.dumps(result_json(res), indent=1))
     else:

@@ -12,7 +12,7 @@ not hide, plus the optimizer step. Both bounds are reported: every overlappable 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,9 +20,9 @@ from costmodel import comm, compute, memory, pipeline, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays  # noqa: F401  (RECOMPUTE_CODE: callers)
+from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 
 # What each framework generation overlaps (fraction of the overlappable communication left exposed).
 # megatron-core with --tp-comm-overlap (userbuffers) hides most TP traffic behind the GEMMs;
@@ -66,65 +66,6 @@ MOE_HOST_FIXED_S = 1.25e-3
 MOE_HOST_PER_EXPERT_S = 90e-6
 # Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
 P2P_FIXED_S = 60e-6
-
-
-@dataclass
-class PlanArrays:
-    """Columns of candidate plans, one entry per plan (the vectorised form of ParallelPlan)."""
-
-    tp: np.ndarray
-    pp: np.ndarray
-    vpp: np.ndarray
-    dp: np.ndarray
-    cp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
-    sp: np.ndarray
-    micro_batch: np.ndarray
-    global_batch: np.ndarray
-    recompute: np.ndarray
-    recompute_layers: np.ndarray
-    distributed_optimizer: np.ndarray
-    zero_stage: np.ndarray
-    stage_layers: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.tp)
-
-    @classmethod
-    def from_columns(cls, n: int | None = None, **cols) -> PlanArrays:
-        n = n or max(np.size(v) for v in cols.values())
-        defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
-                        recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1)
-        out = {}
-        for f in fields(cls):
-            if f.name == "stage_layers":
-                out[f.name] = cols.get("stage_layers")
-                continue
-            v = cols.get(f.name, defaults[f.name])
-            dtype = bool if f.name in ("sp", "distributed_optimizer") else float
-            out[f.name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
-        return cls(**out)
-
-    @classmethod
-    def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
-        cols = {name: [getattr(p, name) for p in plans] for name in
-                ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
-                 "distributed_optimizer", "zero_stage")}
-        cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
-        cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
-        cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
-        arrays = cls.from_columns(len(plans), **cols)
-        if any(p.layers_per_stage for p in plans):
-            max_pp = max(p.pp for p in plans)
-            sl = np.zeros((len(plans), max_pp))
-            for i, p in enumerate(plans):
-                if p.layers_per_stage:
-                    sl[i, : p.pp] = p.layers_per_stage
-                else:
-                    sl[i] = np.nan
-            arrays.stage_layers = sl
-        return arrays
 
 
 @dataclass
@@ -607,10 +548,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
              profile: HardwareProfile | None = None, moe_imbalance: float = 1.0,
              grad_compression: GradCompression | None = None) -> StepEstimate:
     """Step time and memory of one plan, with every pipeline stage reported."""
-    if plan.layers_per_stage is None:
-        per, rem = divmod(model.layers, plan.pp)
-        split = tuple(per + (1 if 1 <= i <= rem else 0) for i in range(plan.pp))
-        plan = plan.model_copy(update={"layers_per_stage": split})
+    plan = plan.with_even_split(model.layers)
     out = estimate_arrays(model, cluster, PlanArrays.from_plans([plan]), profile=profile,
                           framework=plan.framework, moe_imbalance=moe_imbalance,
                           grad_compression=grad_compression)

@@ -31,7 +31,7 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, RECOMPUTE_CODE, STEP_OVERHEAD_S, PlanArrays, estimate_arrays
 from costmodel.flops import layer_forward_flops
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, DeviceGroup, Framework, ModelSpec, ParallelPlan, RecomputeMode, _Frozen
+from costmodel.specs import ClusterSpec, DeviceGroup, Framework, ModelSpec, ParallelPlan, RecomputeMode, FrozenSpec
 
 SPLIT_BATCH = 32
 """Thresholds scored together by the split's dynamic programme."""
@@ -63,7 +63,7 @@ def group_clusters(cluster: ClusterSpec) -> dict[str, ClusterSpec]:
 # The plan ----------------------------------------------------------------------------------------------
 
 
-class HeteroPlan(_Frozen):
+class HeteroPlan(FrozenSpec):
     """A pipeline over device groups: per stage its group, tp, dp and layers; shared knobs."""
 
     stage_groups: tuple[str, ...]
@@ -159,7 +159,7 @@ def _per_group(plan: HeteroPlan, values: tuple[int, ...]) -> str:
     return ", ".join(f"{'/'.join(str(v) for v in sorted(vs))} on {g}" for g, vs in seen.items())
 
 
-class HeteroEstimate(_Frozen):
+class HeteroEstimate(FrozenSpec):
     """Predicted step of a HeteroPlan, per stage and per group."""
 
     step_time_s: float

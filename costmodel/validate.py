@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from costmodel.catalog import catalog
 from costmodel.estimate import FRAMEWORK, PlanArrays, estimate_arrays
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
-from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan, data_parallel
+from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch", "scored", "step_time_s")
@@ -164,7 +165,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     tp, pp = _int(row["tp"]), _int(row["pp"])
     cp = _int(row.get("cp", "")) or 1
     num_gpus = _int(row["num_gpus"])
-    dp = _int(row.get("dp", "")) or max(1, num_gpus // (tp * pp * cp))
+    dp = _int(row.get("dp", "")) or data_parallel(num_gpus, tp, pp, cp)
     gbs = _int(row["global_batch"])
     vp = _int(row.get("vp", ""))
     if vp is None:

@@ -20,7 +20,7 @@ from planner.cli import main
 from planner.hetero import _mixed_layouts, _valid_layouts, comparison, hetero_search, write_hetero_outputs
 from planner.search import exhaustive
 from planner.space import RECOMPUTE_NAMES
-from planner.split import parse_megatron_layout
+from costmodel.plan import parse_megatron_layout
 
 MIXED = "a100-v100-mixed"
 TINY = ModelSpec(name="tiny", layers=6, hidden=2048, ffn_hidden=5504, heads=16, vocab=32000, seq_len=2048)

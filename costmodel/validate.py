@@ -19,9 +19,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from costmodel.catalog import catalog
-from costmodel.estimate import FRAMEWORK, PlanArrays, estimate_arrays
+from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
-from costmodel.plan import ParallelPlan, data_parallel
+from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
 from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",

@@ -19,8 +19,9 @@ import numpy as np
 
 from costmodel.estimate import estimate
 from costmodel.fit import Measurement, host_factors, relevant_factors
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import HardwareProfile, InputError, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 from executor.calibrate import calibrate, plan_label
 from executor.launch import launch, preflight
 

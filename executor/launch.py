@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import InputError
 from costmodel.rules import violations
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
 
 # CPU runs: one process per rank, at most RANKS_PER_CORE per core this process may run on and one per
 # CPU_RANK_BYTES of available memory (a tiny-gpt rank peaks at 0.40 GiB resident: torch, megatron-core, gloo).

@@ -26,7 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan
+from costmodel.specs import ModelSpec
 from executor.checkpoints import disk_error, write_atomic
 
 

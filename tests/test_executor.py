@@ -17,8 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from costmodel.catalog import get_model  # noqa: E402
+from costmodel.plan import ParallelPlan  # noqa: E402
 from costmodel.profiles import InputError  # noqa: E402
-from costmodel.specs import ParallelPlan  # noqa: E402
 from executor.data import SyntheticTask, microbatches  # noqa: E402
 from executor.launch import LaunchError, first_worker_error, launch, read_plan  # noqa: E402
 from kill_worker import HERE as KILL_WORKER, KILL_ENV  # noqa: E402  (tests/kill_worker.py)

@@ -6,6 +6,7 @@ a source id that the profile's ``sources`` table resolves to a citation.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -275,6 +276,16 @@ def parse_yaml(text: str, path: str | Path):
     except (ValueError, OverflowError, RecursionError) as exc:   # e.g. a timestamp out of range
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"{path}: malformed YAML ({why})") from None
+
+
+def parse_json(text: str, path: str | Path):
+    """JSON text of ``path``, or a one-line InputError with the line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
 
 
 def _read_yaml(path: Path) -> dict:

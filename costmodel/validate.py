@@ -1,8 +1,9 @@
 """Scoring the cost model against published training runs (``plan validate``).
 
 Reads any CSV with the columns of ``data/validation/published_runs.csv``; every ``scored=true`` row
-is turned into (model, cluster, plan, framework) and predicted. Fields the source did not publish are
-filled the way the row's framework fills them by default, and each row says what was assumed.
+is turned into (model, cluster, plan, framework: the ``framework`` column) and predicted. Fields the
+source did not publish are filled the way the row's framework fills them by default, and each row says
+what was assumed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from costmodel.catalog import catalog
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
-from costmodel.plan import ParallelPlan, data_parallel
+from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
 from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
@@ -31,9 +32,6 @@ REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq
 _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
-# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
-_OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
-                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
 
 
@@ -69,18 +67,17 @@ def _int(v: str) -> int | None:
     return None if x is None else int(round(x))
 
 
-def framework_of(row: dict) -> str:
-    text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
-    if "paxml" in text:
-        return "paxml"
-    if not re.search(r"megatron|nemo", text) and re.search(_OTHER_STACKS, text):
-        return "other"
-    if "tables.tex" in text or "2020" in row.get("source_id", ""):
-        return "megatron-lm-2020"
-    if "ddp-impl" in text or "narayanan" in text or "paper table 1" in text or "table 3 config" in text \
-            or "korthikanti" in row.get("source_id", "").lower():
-        return "megatron-lm-2021"
-    return "megatron-core"
+def framework_of(row: dict, assumed: list[str]) -> str:
+    """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
+    megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column, is taken as
+    megatron-core, and the row says so."""
+    fw = (row.get("framework") or "").strip().lower()
+    if fw == "":
+        assumed.append("framework=megatron-core (not stated)")
+        return "megatron-core"
+    if fw not in FRAMEWORK:
+        raise ValueError(f"column 'framework': expected one of {', '.join(FRAMEWORK)}, got {fw!r}")
+    return fw
 
 
 def _family(name: str) -> ModelSpec | None:
@@ -290,7 +287,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
         assumed: list[str] = []
         try:
             _check_numbers(row)
-            framework = framework_of(row)
+            framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
             cluster = row_cluster(row, profile)

@@ -26,9 +26,10 @@ import numpy as np
 import yaml
 
 from costmodel.fit import Measurement, fit_calibration, host_factors, predict
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu
 from costmodel.recalibrate import recalibrate
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 
 def _run_dir(path: Path) -> Path:
     return path if path.is_dir() else path.parent

@@ -15,7 +15,8 @@ import warnings
 import zlib
 from typing import Any
 
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan
+from costmodel.specs import ModelSpec
 
 DTYPES = ("fp32", "bf16", "fp16")
 

@@ -882,16 +882,27 @@ def cmd_autotune(argv: list[str]) -> int:
     _train_args(ap)
     args = ap.parse_args(argv)
     _need_executor("autotune")
+    from costmodel.estimate import estimate_arrays
     from executor.autotune import autotune, result_json
     from executor.report import autotune_table
     from planner.request import PlanRequest
+    from planner.search import exhaustive
 
     target = _request(PlanRequest, args, start_profile=args.profile, host_batch=True).resolve()
     model, cluster, prof, gb = target.model, target.cluster, target.profile, target.global_batch
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    res = autotune(model, cluster, global_batch=gb, run_dir=args.run_dir, trial_steps=args.trial_steps,
-                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say,
-                   trial_timeout_s=args.trial_timeout)
+
+    def rank_plans(profile):
+        """The plans that fit under ``profile``, fastest predicted first, with their predicted step times."""
+        found = exhaustive(model, cluster, gb, lambda m, c, p: estimate_arrays(m, c, p, profile=profile))
+        for rank, i in enumerate(found.order):
+            if not found.scores["fits"][i]:
+                return
+            yield found.split_plan(rank), float(found.scores["step_time_s"][i])
+
+    res = autotune(model, cluster, global_batch=gb, rank_plans=rank_plans, run_dir=args.run_dir,
+                   trial_steps=args.trial_steps, top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof,
+                   data=args.data, say=say, trial_timeout_s=args.trial_timeout)
     if args.json:
         print(json.dumps(result_json(res), indent=1))
     else:

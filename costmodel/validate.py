@@ -67,17 +67,41 @@ def _int(v: str) -> int | None:
     return None if x is None else int(round(x))
 
 
+# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
+_OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
+                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
+
+
 def framework_of(row: dict, assumed: list[str]) -> str:
     """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
-    megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column, is taken as
-    megatron-core, and the row says so."""
+    megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column (the schema of
+    data/validation/published_runs.csv before it had one), gets the framework its notes name
+    (:func:`framework_from_notes`), and the row says so."""
     fw = (row.get("framework") or "").strip().lower()
     if fw == "":
-        assumed.append("framework=megatron-core (not stated)")
-        return "megatron-core"
+        fw = framework_from_notes(row)
+        assumed.append(f"framework={fw} (from the row's notes and source)")
+        return fw
     if fw not in FRAMEWORK:
         raise ValueError(f"column 'framework': expected one of {', '.join(FRAMEWORK)}, got {fw!r}")
     return fw
+
+
+def framework_from_notes(row: dict) -> str:
+    """The framework a row's notes, model name, sharding and source id name: Paxml; a non-Megatron stack
+    (_OTHER_STACKS) when neither Megatron nor NeMo is named; Megatron-LM 2020 (the README tables) or 2021 (the
+    Narayanan et al. and Korthikanti et al. papers); otherwise megatron-core."""
+    text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
+    if "paxml" in text:
+        return "paxml"
+    if not re.search(r"megatron|nemo", text) and re.search(_OTHER_STACKS, text):
+        return "other"
+    if "tables.tex" in text or "2020" in row.get("source_id", ""):
+        return "megatron-lm-2020"
+    if "ddp-impl" in text or "narayanan" in text or "paper table 1" in text or "table 3 config" in text \
+            or "korthikanti" in row.get("source_id", "").lower():
+        return "megatron-lm-2021"
+    return "megatron-core"
 
 
 def _family(name: str) -> ModelSpec | None:

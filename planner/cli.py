@@ -536,7 +536,8 @@ def cmd_validate(argv: list[str]) -> int:
 
 def _cross_validate(csv: str, con) -> dict:
     """plan validate --cross-validate: the folds (a progress bar on stderr), their tables and coverage lines."""
-    from costmodel.validate import cross_validate, interval_coverage, nested_interval_coverage
+    from costmodel.crossval import cross_validate
+    from costmodel.validate import interval_coverage, nested_interval_coverage
     from planner.report import CV_TITLES, cross_validation_tables, one_run_table
     from planner.terminal import progress_bar
 

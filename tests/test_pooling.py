@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from costmodel.profiles import load_profile
-from costmodel.validate import SCHEMES, fit_profiles, fold_keys, held_out, load_cases, release_of
+from costmodel.crossval import SCHEMES, fold_keys, held_out
+from costmodel.validate import fit_profiles, load_cases, release_of
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
 FIELDS = ("gemm_efficiency", "comm_exposed", "memory_bound_efficiency")
@@ -120,3 +121,26 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
         w.writerows(rows)
     a, b = load_cases(DATA)[0], load_cases(path)[0]
     assert [c.plan for c in a] == [c.plan for c in b] and len(a) > 300
+
+
+def test_cross_validate_predicts_every_row_of_each_held_out_source_once(tmp_path):
+    import csv
+
+    from costmodel.crossval import cross_validate
+
+    rows = list(csv.DictReader(DATA.open()))
+    keep = ("MLM_PAPER_T1", "KORTHIKANTI2022", "MLM_README_H100_2024")
+    sub = [r for r in rows if r["source_id"] in keep]
+    path = tmp_path / "three_sources.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(sub)
+    cv = cross_validate(path, workers=1, schemes=("source",))
+    folds = cv["schemes"]["source"]["folds"]
+    assert sorted(f["left_out"] for f in folds) == sorted(keep)
+    scored = [r for r in sub if r["scored"].strip().lower() == "true"]
+    held = cv["schemes"]["source"]["rows"]
+    assert sorted(r["row"] for r in held) == sorted({r["row"] for r in held}) and len(held) == len(scored)
+    assert all(r["source_id"] == f["left_out"] for f in folds for r in held if r["fold"] == f["left_out"])
+    assert 0 < cv["summary"]["overall"]["mape"] < 30

@@ -197,6 +197,15 @@ class PlanArrays:
         return plan
 
 
+def plan_label(plan: ParallelPlan) -> str:
+    """A plan in one short line: degrees, micro-batch, recompute."""
+    s = f"tp{plan.tp} pp{plan.pp}"
+    s += f" vpp{plan.vpp}" if plan.vpp > 1 else ""
+    s += f" dp{plan.dp}" + (f" ep{plan.ep}" if plan.ep > 1 else "")
+    return s + f" mb{plan.micro_batch} {plan.recompute}"
+
+
+
 # Megatron-LM layout flags of a split ----------------------------------------------------------------------
 #
 # Megatron sources (github.com/NVIDIA/Megatron-LM):

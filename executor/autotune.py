@@ -22,7 +22,8 @@ from costmodel.fit import Measurement, host_factors, relevant_factors
 from costmodel.plan import ParallelPlan
 from costmodel.profiles import HardwareProfile, InputError, load_profile
 from costmodel.specs import ClusterSpec, ModelSpec
-from executor.calibrate import calibrate, plan_label
+from costmodel.plan import plan_label
+from executor.calibrate import calibrate
 from executor.launch import launch, preflight
 
 # The planner's ranking under a hardware profile: the plans that fit, fastest predicted first, each with its

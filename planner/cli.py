@@ -63,7 +63,7 @@ _rate = _number(float, 0)
 def _check_file_target(path: str | None) -> None:
     """Fail at once, before any long work, when ``path`` (--json OUT, --plot PNG) could not be written."""
     if path:
-        from planner.outputs import check_target
+        from costmodel.files import check_target
 
         check_target(Path(path).parent, (Path(path).name,))
 
@@ -135,7 +135,8 @@ def cmd_search(argv: list[str]) -> int:
     from planner.search import exhaustive, optuna_search
 
     if args.out:
-        from planner.outputs import OUTPUT_FILES, check_target
+        from costmodel.files import check_target
+        from planner.outputs import OUTPUT_FILES
 
         check_target(args.out, (*OUTPUT_FILES, "report.png"), create=True)
     if args.storage:
@@ -271,7 +272,7 @@ def best_plan(res):
 
 
 def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:
-    """Outputs of one plan, report.png with them (every file through planner.outputs.write_files_atomic)."""
+    """Outputs of one plan, report.png with them (every file through costmodel.files.write_files_atomic)."""
     from costmodel.estimate import estimate
     from costmodel.trust import plan_trust
     from planner.outputs import write_outputs
@@ -528,7 +529,7 @@ def cmd_validate(argv: list[str]) -> int:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
-        from planner.outputs import write_file_atomic
+        from costmodel.files import write_file_atomic
 
         write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
@@ -592,7 +593,7 @@ def _sweep_with_progress(scenarios, assumptions, quiet: bool):
 def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:
     from planner.capacity import pareto
     from planner.capacity_report import capacity_table, save_capacity_png
-    from planner.outputs import write_file_atomic
+    from costmodel.files import write_file_atomic
 
     if args.plot:
         write_file_atomic(args.plot, lambda p: save_capacity_png(p, points, dims[0], series, title, deadline, budget,
@@ -864,8 +865,9 @@ def cmd_calibrate(argv: list[str]) -> int:
         print(json.dumps(report, indent=1))
         return 0
     from executor.report import calibration_table
+    from planner.terminal import console
 
-    calibration_table(report)
+    calibration_table(report, console())
     return 0
 
 
@@ -886,6 +888,7 @@ def cmd_autotune(argv: list[str]) -> int:
     from costmodel.estimate import estimate_arrays
     from executor.autotune import autotune, result_json
     from executor.report import autotune_table
+    from planner.terminal import console
     from planner.request import PlanRequest
     from planner.search import exhaustive
 
@@ -907,7 +910,7 @@ def cmd_autotune(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result_json(res), indent=1))
     else:
-        autotune_table(res)
+        autotune_table(res, console())
     return 0
 
 

@@ -11,14 +11,13 @@ are checked against the published sizes in ``tests/test_catalog.py``.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from costmodel.profiles import InputError, read_text, validation_line
+from costmodel.profiles import InputError, parse_json, read_text, validation_line
 from costmodel.specs import ModelSpec
 
 __all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
@@ -340,15 +339,7 @@ class _Config:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    text = read_text(path, "config.json")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})"
-        ) from None
-    except RecursionError:
-        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
+    data = parse_json(read_text(path, "config.json"), path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object of config fields at the top level")
     return data
@@ -388,34 +379,12 @@ def from_hf_config(
     hidden = fields["hidden"] = cfg.int_("hidden", "hidden_size", "n_embd", "d_model")
     fields["heads"] = cfg.int_("heads", "num_attention_heads", "n_head")
     fields["vocab"] = cfg.int_("vocab", "vocab_size", "padded_vocab_size")
-
-    # Mixture of experts.
     num_experts = cfg.int_(
         "num_experts", "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
         default=0,
     )
     if num_experts:
-        fields["num_experts"] = num_experts
-        fields["moe_topk"] = cfg.int_(
-            "moe_topk", "num_experts_per_tok", "experts_per_token", "moe_top_k"
-        )
-        moe_ffn = cfg.int_("moe_ffn_hidden", "moe_intermediate_size", "intermediate_size")
-        fields["moe_ffn_hidden"] = moe_ffn
-        shared = cfg.int_("shared_experts", "n_shared_experts", "num_shared_experts", default=0)
-        if moe_ffn < 1:
-            raise InputError(f"{p}: field '{cfg.source['moe_ffn_hidden']}': expected an expert width >= 1, "
-                             f"got {moe_ffn}")
-        if not shared and data.get("shared_expert_intermediate_size"):
-            # Qwen2-MoE: one shared expert of a given width, counted in routed-expert widths.
-            width = cfg.int_("shared_experts", "shared_expert_intermediate_size")
-            if width % moe_ffn:
-                raise InputError(
-                    f"{p}: field 'shared_expert_intermediate_size': {width} is not a multiple "
-                    f"of moe_intermediate_size {moe_ffn}"
-                )
-            shared = width // moe_ffn
-        fields["shared_experts"] = shared
-        fields["dense_layers"] = _dense_layers(cfg, num_experts)
+        fields.update(_moe_fields(cfg, num_experts))
     mtp = cfg.int_("mtp_layers", "num_nextn_predict_layers", "mtp_num_layers", default=0)
     if mtp:
         fields["mtp_layers"] = mtp
@@ -432,42 +401,8 @@ def from_hf_config(
         else:
             raise InputError(f"{p}: missing required field 'intermediate_size'")
     fields["ffn_hidden"] = ffn
-
-    kv_heads = cfg.int_("kv_heads", "num_key_value_heads", "num_kv_heads", default=None)
-    if kv_heads is not None:
-        fields["kv_heads"] = kv_heads
-
-    # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash style).
-    kv_lora = cfg.int_("mla_kv_lora_rank", "kv_lora_rank", default=None)
-    if kv_lora is not None:
-        fields["mla_kv_lora_rank"] = kv_lora
-        q_lora = cfg.int_("mla_q_lora_rank", "q_lora_rank", default=None)
-        if q_lora is not None:
-            fields["mla_q_lora_rank"] = q_lora
-        fields["mla_rope_dim"] = cfg.int_("mla_rope_dim", "qk_rope_head_dim", default=64)
-        fields["head_dim"] = cfg.int_("head_dim", "qk_nope_head_dim", "head_dim")
-        v_head = cfg.int_("mla_v_head_dim", "v_head_dim", default=None)
-        if v_head is not None:
-            fields["mla_v_head_dim"] = v_head
-    else:
-        head_dim = cfg.int_("head_dim", "head_dim", "kv_channels", default=None)
-        if head_dim is not None:
-            fields["head_dim"] = head_dim
-
-    if seq_len is None:
-        max_pos = cfg.int_(
-            "seq_len", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
-            "max_sequence_length", default=None,
-        )
-        if max_pos is None:
-            raise InputError(
-                f"{p}: missing required field 'max_position_embeddings' (or pass seq_len)"
-            )
-        seq_len = min(max_pos, 8192)
-        fields["seq_len"] = seq_len
-    else:
-        cfg.source["seq_len"] = "seq_len"
-        fields["seq_len"] = seq_len
+    fields.update(_attention_fields(cfg))
+    fields["seq_len"] = _seq_len(cfg, seq_len)
 
     tied = cfg.get("tied_embeddings", "tie_word_embeddings",
                    default=model_type in _TIED_BY_DEFAULT)
@@ -490,6 +425,73 @@ def from_hf_config(
         return ModelSpec.model_validate(fields)
     except ValidationError as err:
         raise InputError(f"{p}: {validation_line(err, cfg.source)}") from None
+
+
+def _moe_fields(cfg: _Config, num_experts: int) -> dict[str, Any]:
+    """The mixture-of-experts fields of a config with ``num_experts`` routed experts."""
+    fields: dict[str, Any] = {"num_experts": num_experts}
+    fields["moe_topk"] = cfg.int_(
+        "moe_topk", "num_experts_per_tok", "experts_per_token", "moe_top_k"
+    )
+    moe_ffn = cfg.int_("moe_ffn_hidden", "moe_intermediate_size", "intermediate_size")
+    fields["moe_ffn_hidden"] = moe_ffn
+    shared = cfg.int_("shared_experts", "n_shared_experts", "num_shared_experts", default=0)
+    if moe_ffn < 1:
+        raise InputError(f"{cfg.path}: field '{cfg.source['moe_ffn_hidden']}': expected an expert width >= 1, "
+                         f"got {moe_ffn}")
+    if not shared and cfg.data.get("shared_expert_intermediate_size"):
+        # Qwen2-MoE: one shared expert of a given width, counted in routed-expert widths.
+        width = cfg.int_("shared_experts", "shared_expert_intermediate_size")
+        if width % moe_ffn:
+            raise InputError(
+                f"{cfg.path}: field 'shared_expert_intermediate_size': {width} is not a multiple "
+                f"of moe_intermediate_size {moe_ffn}"
+            )
+        shared = width // moe_ffn
+    fields["shared_experts"] = shared
+    fields["dense_layers"] = _dense_layers(cfg, num_experts)
+    return fields
+
+
+def _attention_fields(cfg: _Config) -> dict[str, Any]:
+    """Key-value heads, and multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash style) or
+    the head width: the fields the config states."""
+    fields: dict[str, Any] = {}
+    kv_heads = cfg.int_("kv_heads", "num_key_value_heads", "num_kv_heads", default=None)
+    if kv_heads is not None:
+        fields["kv_heads"] = kv_heads
+    kv_lora = cfg.int_("mla_kv_lora_rank", "kv_lora_rank", default=None)
+    if kv_lora is not None:
+        fields["mla_kv_lora_rank"] = kv_lora
+        q_lora = cfg.int_("mla_q_lora_rank", "q_lora_rank", default=None)
+        if q_lora is not None:
+            fields["mla_q_lora_rank"] = q_lora
+        fields["mla_rope_dim"] = cfg.int_("mla_rope_dim", "qk_rope_head_dim", default=64)
+        fields["head_dim"] = cfg.int_("head_dim", "qk_nope_head_dim", "head_dim")
+        v_head = cfg.int_("mla_v_head_dim", "v_head_dim", default=None)
+        if v_head is not None:
+            fields["mla_v_head_dim"] = v_head
+    else:
+        head_dim = cfg.int_("head_dim", "head_dim", "kv_channels", default=None)
+        if head_dim is not None:
+            fields["head_dim"] = head_dim
+    return fields
+
+
+def _seq_len(cfg: _Config, seq_len: int | None) -> int:
+    """``seq_len`` when given, else min(max_position_embeddings, 8192)."""
+    if seq_len is not None:
+        cfg.source["seq_len"] = "seq_len"
+        return seq_len
+    max_pos = cfg.int_(
+        "seq_len", "max_position_embeddings", "n_positions", "n_ctx", "seq_length",
+        "max_sequence_length", default=None,
+    )
+    if max_pos is None:
+        raise InputError(
+            f"{cfg.path}: missing required field 'max_position_embeddings' (or pass seq_len)"
+        )
+    return min(max_pos, 8192)
 
 
 def _dense_layers(cfg: _Config, num_experts: int) -> int:
@@ -606,33 +608,53 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
     ``unexpressed``, every fact of the config that none of them holds (an unknown model_type, an unmapped key,
     a value no field can state)."""
     data = cfg.data
-    get = data.get
     lost: list[str] = []
     out: dict[str, Any] = {}
-    known = model_type in _KNOWN_TYPES
-    if not known:
+    if model_type not in _KNOWN_TYPES:
         lost.append(f"model_type {model_type or '(none)'!r}: an architecture the planner does not know (known: "
                     f"{', '.join(_KNOWN_TYPES)})")
     for key in sorted(set(data) - _MAPPED_KEYS - _NOT_ARCHITECTURE):
         lost.append(f"config key {key!r}={data[key]!r} (no mapping)")
+    _norm_fields(cfg, model_type, fields, out, lost)
+    _activation_fields(cfg, model_type, fields, out, lost)
+    _bias_dropout_fields(cfg, model_type, out, lost)
+    _position_fields(cfg, model_type, fields, out, lost)
+    if fields.get("num_experts"):
+        _router_fields(cfg, model_type, fields, out, lost)
+    if model_type == "gpt_oss":
+        lost.append("attention sinks (a learned per-head logit in every attention softmax)")
+    out["unexpressed"] = tuple(lost)
+    return out
 
-    def default(key: str, table: dict[str, Any], what: str) -> Any:
-        if model_type in table:
-            return table[model_type]
-        lost.append(f"{what}: no {key!r} and transformers' default for model_type {model_type!r} is not known here")
-        return None
 
-    # Normalisation.
+# Each of these adds its fields to ``out`` and what the config states but no field holds to ``lost``.
+def _default(model_type: str, key: str, table: dict[str, Any], what: str, lost: list[str]) -> Any:
+    """transformers' default of ``key`` for the model type, or None (and said in ``lost``) where unknown."""
+    if model_type in table:
+        return table[model_type]
+    lost.append(f"{what}: no {key!r} and transformers' default for model_type {model_type!r} is not known here")
+    return None
+
+
+def _norm_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dict[str, Any],
+                 lost: list[str]) -> None:
+    """Normalisation: its kind, epsilon, and the QK norm."""
+    get = cfg.data.get
     eps_key = next((k for k in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
                     if get(k) is not None), None)
-    eps = _number(cfg, eps_key, get(eps_key)) if eps_key else default("rms_norm_eps", _EPS_DEFAULT, "norm epsilon")
+    eps = (_number(cfg, eps_key, get(eps_key)) if eps_key
+           else _default(model_type, "rms_norm_eps", _EPS_DEFAULT, "norm epsilon", lost))
     if eps is not None:
         out["norm_epsilon"] = eps
     rms = eps_key == "rms_norm_eps" or (eps_key is None and model_type not in ("gpt2", "gpt_neox", "nemotron"))
     out["normalization"] = "LayerNorm1p" if model_type == "nemotron" else ("RMSNorm" if rms else "LayerNorm")
     out["qk_norm"] = model_type in ("qwen3", "qwen3_moe") or fields.get("mla_kv_lora_rank") is not None
 
-    # Activation (gated when the MLP has a gate projection, as fields['gated_mlp'] was decided above).
+
+def _activation_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dict[str, Any],
+                       lost: list[str]) -> None:
+    """The MLP activation (gated when the MLP has a gate projection, as fields['gated_mlp'] was decided)."""
+    get = cfg.data.get
     act_name = str(get("hidden_act") or get("activation_function") or ("gelu_new" if model_type == "gpt2" else "silu"))
     act = _ACTS.get(act_name.lower())
     gated = fields.get("gated_mlp", True)
@@ -653,7 +675,10 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
     out["activation"] = act
     out["gated_mlp"] = act in ("swiglu", "geglu", "quick_geglu")
 
-    # Biases.
+
+def _bias_dropout_fields(cfg: _Config, model_type: str, out: dict[str, Any], lost: list[str]) -> None:
+    """Biases of the linear layers, and the dropouts."""
+    get = cfg.data.get
     attn_bias, mlp_bias = bool(get("attention_bias", False)), bool(get("mlp_bias", False))
     if model_type in ("gpt2", "gpt_neox"):
         out["linear_bias"] = True
@@ -666,19 +691,21 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
         if attn_bias != mlp_bias:
             lost.append(f"biases on the {'attention' if attn_bias else 'MLP'} projections only "
                         f"(attention_bias={attn_bias}, mlp_bias={mlp_bias})")
-
-    # Dropout.
     drop = 0.1 if model_type == "gpt2" else 0.0
     out["attention_dropout"] = _number(cfg, "attention_dropout", get("attention_dropout", get("attn_pdrop", drop)))
     out["hidden_dropout"] = _number(cfg, "hidden_dropout", get("hidden_dropout", get("resid_pdrop", drop)))
     if get("embd_pdrop") is not None and get("embd_pdrop") != out["hidden_dropout"]:
         lost.append(f"embedding dropout {get('embd_pdrop')} differing from the hidden dropout")
 
-    # Positions.
+
+def _position_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dict[str, Any],
+                     lost: list[str]) -> None:
+    """Rotary embeddings; and the attention and residual variants no field states."""
+    get = cfg.data.get
     if not fields.get("learned_position_embeddings"):
         theta = get("rope_theta", get("rotary_emb_base"))
-        theta = _number(cfg, "rope_theta", theta) if theta is not None else default("rope_theta", _THETA_DEFAULT,
-                                                                                        "rotary base")
+        theta = (_number(cfg, "rope_theta", theta) if theta is not None
+                 else _default(model_type, "rope_theta", _THETA_DEFAULT, "rotary base", lost))
         if theta is not None:
             out["rotary_base"] = theta
         pct = get("partial_rotary_factor", get("rotary_pct", 0.25 if model_type == "gpt_neox" else None))
@@ -700,39 +727,38 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
     if get("router_jitter_noise"):
         lost.append(f"router input jitter {get('router_jitter_noise')} (router_jitter_noise)")
 
-    # Router.
-    if fields.get("num_experts"):
-        score = str(get("scoring_func", "softmax"))
-        if score not in ("softmax", "sigmoid"):
-            lost.append(f"router score function {score!r} (scoring_func)")
-            score = "softmax"
-        out["moe_router_score"] = score
-        norm = get("norm_topk_prob")
-        norm = bool(norm) if norm is not None else default("norm_topk_prob", _NORM_TOPK_DEFAULT,
-                                                           "top-k weight renormalisation")
-        out["moe_router_norm_topk"] = True if norm is None else norm
-        method = str(get("topk_method", "greedy"))
-        if method not in ("greedy", "noaux_tc", "group_limited_greedy"):
-            lost.append(f"router top-k method {method!r} (topk_method)")
-        if method == "noaux_tc":
-            out["moe_router_expert_bias"] = True  # e_score_correction_bias, updated outside the loss
-        groups, group_topk = get("n_group"), get("topk_group")
-        if method in ("noaux_tc", "group_limited_greedy") and isinstance(groups, int) and groups > 1:
-            out["moe_router_groups"], out["moe_router_group_topk"] = groups, group_topk
-            # Megatron scores a group by the sum of its top (topk / group_topk) experts; DeepSeek-V3 (noaux_tc)
-            # by its top 2, DeepSeek-V2 (group_limited_greedy) by its best one.
-            per = 2 if method == "noaux_tc" else 1
-            if isinstance(group_topk, int) and group_topk and fields["moe_topk"] // group_topk != per:
-                lost.append(f"group score of the top {per} expert(s) per group ({method}); Megatron sums the top "
-                            f"moe_topk / topk_group = {fields['moe_topk'] // group_topk}")
-        factor = get("routed_scaling_factor")
-        if factor is not None and not (model_type == "deepseek_v2" and norm):
-            out["moe_router_topk_scaling"] = _number(cfg, "routed_scaling_factor", factor)
-        if model_type == "qwen2_moe" and fields.get("shared_experts"):
-            lost.append("sigmoid gate on the shared expert (shared_expert_gate)")
-        if model_type == "gpt_oss":
-            lost.append("router bias (the router's linear layer has a bias)")
+
+def _router_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dict[str, Any],
+                   lost: list[str]) -> None:
+    """The MoE router: score function, top-k renormalisation and method, groups, scaling."""
+    get = cfg.data.get
+    score = str(get("scoring_func", "softmax"))
+    if score not in ("softmax", "sigmoid"):
+        lost.append(f"router score function {score!r} (scoring_func)")
+        score = "softmax"
+    out["moe_router_score"] = score
+    norm = get("norm_topk_prob")
+    norm = bool(norm) if norm is not None else _default(model_type, "norm_topk_prob", _NORM_TOPK_DEFAULT,
+                                                        "top-k weight renormalisation", lost)
+    out["moe_router_norm_topk"] = True if norm is None else norm
+    method = str(get("topk_method", "greedy"))
+    if method not in ("greedy", "noaux_tc", "group_limited_greedy"):
+        lost.append(f"router top-k method {method!r} (topk_method)")
+    if method == "noaux_tc":
+        out["moe_router_expert_bias"] = True  # e_score_correction_bias, updated outside the loss
+    groups, group_topk = get("n_group"), get("topk_group")
+    if method in ("noaux_tc", "group_limited_greedy") and isinstance(groups, int) and groups > 1:
+        out["moe_router_groups"], out["moe_router_group_topk"] = groups, group_topk
+        # Megatron scores a group by the sum of its top (topk / group_topk) experts; DeepSeek-V3 (noaux_tc)
+        # by its top 2, DeepSeek-V2 (group_limited_greedy) by its best one.
+        per = 2 if method == "noaux_tc" else 1
+        if isinstance(group_topk, int) and group_topk and fields["moe_topk"] // group_topk != per:
+            lost.append(f"group score of the top {per} expert(s) per group ({method}); Megatron sums the top "
+                        f"moe_topk / topk_group = {fields['moe_topk'] // group_topk}")
+    factor = get("routed_scaling_factor")
+    if factor is not None and not (model_type == "deepseek_v2" and norm):
+        out["moe_router_topk_scaling"] = _number(cfg, "routed_scaling_factor", factor)
+    if model_type == "qwen2_moe" and fields.get("shared_experts"):
+        lost.append("sigmoid gate on the shared expert (shared_expert_gate)")
     if model_type == "gpt_oss":
-        lost.append("attention sinks (a learned per-head logit in every attention softmax)")
-    out["unexpressed"] = tuple(lost)
-    return out
+        lost.append("router bias (the router's linear layer has a bias)")

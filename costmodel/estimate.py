@@ -8,11 +8,17 @@ then the pipeline schedule (pipeline.py) turns stage times into the step, and th
 gradient / parameter collectives add what the overlap with the last backward / first forward does
 not hide, plus the optimizer step. Both bounds are reported: every overlappable collective hidden
 (lower) and none hidden (upper).
+
+Each of these is one named term, in the order :func:`compose_step` composes them: :func:`layer_terms`
+(one dense / MoE layer and its recompute), :func:`stage_times` (each representative stage and the
+pipeline), :func:`stage_params` and :func:`dp_tail` (data-parallel sync and optimizer), :func:`stage_memory`
+(per-stage peak memory), then :func:`step_time_s` and :func:`mfu`, which costmodel/hetero.py shares.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -20,9 +26,9 @@ from costmodel import comm, compute, memory, pipeline, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays  # noqa: F401  (RECOMPUTE_CODE: callers)
+from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 
 # What each framework generation overlaps (fraction of the overlappable communication left exposed).
 # megatron-core with --tp-comm-overlap (userbuffers) hides most TP traffic behind the GEMMs;
@@ -66,65 +72,28 @@ MOE_HOST_FIXED_S = 1.25e-3
 MOE_HOST_PER_EXPERT_S = 90e-6
 # Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
 P2P_FIXED_S = 60e-6
-
-
-@dataclass
-class PlanArrays:
-    """Columns of candidate plans, one entry per plan (the vectorised form of ParallelPlan)."""
-
-    tp: np.ndarray
-    pp: np.ndarray
-    vpp: np.ndarray
-    dp: np.ndarray
-    cp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
-    sp: np.ndarray
-    micro_batch: np.ndarray
-    global_batch: np.ndarray
-    recompute: np.ndarray
-    recompute_layers: np.ndarray
-    distributed_optimizer: np.ndarray
-    zero_stage: np.ndarray
-    stage_layers: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.tp)
-
-    @classmethod
-    def from_columns(cls, n: int | None = None, **cols) -> PlanArrays:
-        n = n or max(np.size(v) for v in cols.values())
-        defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
-                        recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1)
-        out = {}
-        for f in fields(cls):
-            if f.name == "stage_layers":
-                out[f.name] = cols.get("stage_layers")
-                continue
-            v = cols.get(f.name, defaults[f.name])
-            dtype = bool if f.name in ("sp", "distributed_optimizer") else float
-            out[f.name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
-        return cls(**out)
-
-    @classmethod
-    def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
-        cols = {name: [getattr(p, name) for p in plans] for name in
-                ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
-                 "distributed_optimizer", "zero_stage")}
-        cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
-        cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
-        cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
-        arrays = cls.from_columns(len(plans), **cols)
-        if any(p.layers_per_stage for p in plans):
-            max_pp = max(p.pp for p in plans)
-            sl = np.zeros((len(plans), max_pp))
-            for i, p in enumerate(plans):
-                if p.layers_per_stage:
-                    sl[i, : p.pp] = p.layers_per_stage
-                else:
-                    sl[i] = np.nan
-            arrays.stage_layers = sl
-        return arrays
+# Unfused attention (Megatron-LM 2020-2022, Paxml): bytes of HBM traffic per element of the a*s*s score
+# matrix in the forward (twice that backward): the fp16 scores (2 B) are read or written in about five passes,
+# QK^T written, softmax read and written, dropout read and written, the same tensors Korthikanti et al. 2022
+# Sec. 4.1 count as the attention core's 5as^2b activation bytes. The pass count is read off the unfused
+# kernels, not fitted.
+UNFUSED_SCORE_BYTES = 10.0
+# Cross-entropy over the logits: Megatron's vocab-parallel cross-entropy works on an fp32 copy of the logits
+# (tensor_parallel/cross_entropy.py:28 `vocab_parallel_logits.float()`, as costmodel/memory.py
+# LOGITS_BYTES_UNFUSED cites) and passes over it about three times (max and shift, exp and sum, the softmax
+# saved for backward at :187); the backward writes the gradient in one more pass of the same size.
+CROSS_ENTROPY_ELEMENT_BYTES = 4.0
+CROSS_ENTROPY_PASSES = 3
+CP_RING_EXPOSED_FRACTION = 0.1
+"""Share of a context-parallel ring exchange (K and V, cp-1 send/recv steps) left exposed even when the
+attention chunks are long enough to hide it: the per-step synchronisation of the ring's send/recv with the
+attention kernels. A guess set with the foundation cost model (c10d414), not fitted and from no
+measurement; the fit's comm_exposed factor does not scale it."""
+FSDP_EXPOSED_FRACTION = 0.05
+"""Share of Megatron-FSDP's per-micro-batch weight all-gathers and gradient reduce-scatters left exposed
+when the compute of the micro-batches could hide them all (the first gather before any compute, the last
+reduce-scatter after it). A guess set with the foundation cost model (c10d414), not fitted and from no
+measurement."""
 
 
 @dataclass
@@ -147,6 +116,8 @@ class Stages:
 
 
 def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
+    """The plans' pipeline stages: three representative columns for the even split, one per stage for
+    explicit splits (``a.stage_layers``; NaN rows take the even split)."""
     pp = a.pp.astype(int)
     n = len(pp)
     if a.stage_layers is None:
@@ -177,314 +148,374 @@ def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
                   i == (pp[:, None] - 1), start)
 
 
-def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
-                    profile: HardwareProfile | None = None, framework: str = "megatron-core",
-                    moe_imbalance: float = 1.0,
-                    grad_compression: GradCompression | None = None) -> dict[str, np.ndarray]:
-    """Score every plan in ``a``. Returns arrays keyed by quantity (per plan, or per plan and stage).
-
-    ``grad_compression`` (costmodel/compression.py) quantises the data-parallel gradient collective: its
-    bytes shrink, the compress/decompress kernels add HBM-bound time to the step (reported within
-    ``dp_comm_exposed_s``) and the error-feedback residual adds to the gradient memory. None: uncompressed.
-    """
-    prof = profile or load_profile(cluster.gpu)
+def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: HardwareProfile, framework: str,
+             moe_imbalance: float, grad_compression: GradCompression | None) -> SimpleNamespace:
+    """What every step term reads: the plans, the profile and its calibration, the framework's overlap
+    switches (``fw``), the GEMM dtype, activation bytes, per-rank tokens, micro-batches ``m`` and where each
+    parallel group sits on the fabric (``*_k`` / ``*_N``: comm.group_span)."""
     fw = FRAMEWORK[framework]
     if prof.kind == "host":
         # CPU processes on gloo: collectives run synchronously on the calling thread (no side streams), so
         # no TP, pipeline or data-parallel communication overlaps compute.
         fw = dict(fw, tp_exposed=1.0, p2p_exposed=1.0, dp_overlap=False, flash=False)
-    cal = prof.calibration
     dtype = compute.gemm_dtype(model.precision)
-    fp8 = dtype in ("fp8", "fp4")
+    c = SimpleNamespace(model=model, cluster=cluster, a=a, prof=prof, fw=fw, cal=prof.calibration,
+                        framework=framework, moe_imbalance=moe_imbalance, grad_compression=grad_compression,
+                        dtype=dtype, fp8=dtype in ("fp8", "fp4"))
     # Quantisation traffic per GEMM-input element, in units of bf16 elements (2 bytes): fp8 reads 2 B
     # and writes a row-wise and a column-wise (transposed) 1 B copy; MXFP8 adds 1/32 scales; NVFP4
     # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
     # (NVIDIA NVFP4 recipe, arXiv:2509.25149).
-    q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0)
+    c.q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0)
     # Bytes per activation element: 2 (bf16/fp16 and the fp8 recipes' high-precision tensors), 4 for fp32
     # training (the executor on CPUs without bf16 arithmetic).
-    eb = memory.activation_element_bytes(model.precision)
-    D = cluster.domain_gpus
-    h, s = model.hidden, model.seq_len
-    tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
-    ep, etp, sp, mbs = a.ep, a.etp, a.sp & (a.tp > 1), a.micro_batch
-    n = len(a)
-    m = np.maximum(np.floor(a.global_batch / (dp * mbs)), 1.0)
-    tokens = mbs * s / cp                      # tokens of this rank's sequence shard per micro-batch
-    dims = attention_proj_dims(model)
+    c.eb = memory.activation_element_bytes(model.precision)
+    c.wide = "fp32" if model.precision == "fp32" else "bf16"    # attention core and LM head dtype
+    c.D = D = cluster.domain_gpus
+    c.h, c.s = model.hidden, model.seq_len
+    c.tp, c.pp, c.vpp, c.dp, c.cp = tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
+    c.ep, c.etp, c.sp, c.mbs = ep, etp, sp, mbs = a.ep, a.etp, a.sp & (a.tp > 1), a.micro_batch
+    c.n = len(a)
+    c.m = np.maximum(np.floor(a.global_batch / (dp * mbs)), 1.0)
+    c.tokens = mbs * c.s / cp                      # tokens of this rank's sequence shard per micro-batch
+    c.dims = attention_proj_dims(model)
 
-    # ---- group placement (rank order tp-cp-ep-dp-pp; experts etp-ep-edp) -------------------
-    tp_k, tp_N = comm.group_span(1, tp, D)
-    cp_k, cp_N = comm.group_span(tp, cp, D)
-    dp_size = dp * cp                           # gradients reduce over dp x cp
-    dp_k, dp_N = comm.group_span(tp, dp_size, D)
-    ep_k, ep_N = comm.group_span(etp, ep, D)
-    edp = np.maximum(tp * cp * dp / (ep * etp), 1.0)
-    edp_k, edp_N = comm.group_span(ep * etp, edp, D)
-    pp_k, pp_N = comm.group_span(tp * cp * dp, pp, D)
+    # Group placement (rank order tp-cp-ep-dp-pp; experts etp-ep-edp).
+    c.tp_k, c.tp_N = comm.group_span(1, tp, D)
+    c.cp_k, c.cp_N = comm.group_span(tp, cp, D)
+    c.dp_size = dp * cp                           # gradients reduce over dp x cp
+    c.dp_k, c.dp_N = comm.group_span(tp, c.dp_size, D)
+    c.ep_k, c.ep_N = comm.group_span(etp, ep, D)
+    c.edp = np.maximum(tp * cp * dp / (ep * etp), 1.0)
+    c.edp_k, c.edp_N = comm.group_span(ep * etp, c.edp, D)
+    c.pp_k, c.pp_N = comm.group_span(tp * cp * dp, pp, D)
+    return c
 
-    # ---- one dense layer, forward, per micro-batch ------------------------------------------
-    def gemm(flops, min_dim):
-        return compute.gemm_time_s(prof, dtype, flops, min_dim)
 
+def _gemm(c: SimpleNamespace, flops, min_dim):
+    """Seconds of GEMMs of ``flops`` in the plans' GEMM dtype, ``min_dim`` their smallest dimension."""
+    return compute.gemm_time_s(c.prof, c.dtype, flops, min_dim)
+
+
+def _mlp_block(c: SimpleNamespace, ffn, tok, width_div):
+    """(GEMM seconds, memory-bound elements) of one MLP of width ``ffn`` over ``tok`` tokens, split
+    ``width_div`` ways."""
+    model, h = c.model, c.h
+    flops = 2.0 * tok * mlp_params(model, ffn) / width_div
+    mn = np.minimum.reduce([tok, np.full(c.n, float(h)), np.full(c.n, float(ffn)) / width_div])
+    elems = tok * ((3 if model.gated_mlp else 2) * ffn) / width_div
+    if c.fp8:
+        elems = elems + tok * c.q * (h + ffn / width_div)
+    return _gemm(c, flops, mn), elems
+
+
+def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
+    """One dense layer's forward / backward seconds per micro-batch: attention projections, attention core,
+    MLP, memory-bound kernels and the exposed TP and CP communication (``dense_f`` / ``dense_b``), with the
+    parts the MoE layer and the breakdown reuse."""
+    model, prof, cluster, fw, cal = c.model, c.prof, c.cluster, c.fw, c.cal
+    h, s, n, tokens, dims, tp, cp, sp, eb = c.h, c.s, c.n, c.tokens, c.dims, c.tp, c.cp, c.sp, c.eb
+    d = SimpleNamespace()
     attn_proj_flops = 2.0 * tokens * dims["params"] / tp
     attn_min = np.minimum.reduce([tokens, np.full(n, float(h)), dims["qkv_out"] / tp, dims["o_in"] / tp])
-    t_attn_proj = gemm(attn_proj_flops, attn_min)
+    d.t_attn_proj = _gemm(c, attn_proj_flops, attn_min)
     core_flops = 2.0 * tokens * s * model.heads * (dims["qk_head_dim"] + dims["v_head_dim"]) * 0.5 / tp
-    wide = "fp32" if model.precision == "fp32" else "bf16"    # attention core and LM head dtype
-    t_core_f, t_core_b = compute.attention_time_s(prof, core_flops, s / cp, dims["qk_head_dim"], wide)
+    d.t_core_f, d.t_core_b = compute.attention_time_s(prof, core_flops, s / cp, dims["qk_head_dim"], c.wide)
     if not fw["flash"]:
         # Unfused attention (2020-2022 Megatron): batched GEMMs plus softmax/dropout over the
-        # a*s*s score matrix in fp16, read and written about five times forward, twice that backward.
-        score_bytes = 10.0 * model.heads * tokens * s / tp
-        t_core_f = gemm(core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
+        # a*s*s score matrix in fp16 (UNFUSED_SCORE_BYTES per score element forward, twice that backward).
+        score_bytes = UNFUSED_SCORE_BYTES * model.heads * tokens * s / tp
+        d.t_core_f = _gemm(c, core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
             compute.memory_bound_time_s(prof, score_bytes)
-        t_core_b = 2 * gemm(core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
+        d.t_core_b = 2 * _gemm(c, core_flops * 2, np.minimum(s / cp, dims["qk_head_dim"]) * 8) + \
             compute.memory_bound_time_s(prof, 2 * score_bytes)
 
-    ln_tokens = np.where(sp, tokens / tp, tokens)          # LN / residual run on the SP shard
+    d.ln_tokens = np.where(sp, tokens / tp, tokens)          # LN / residual run on the SP shard
     gpt_dropout = 0.0 if model.gated_mlp else 1.0
-    elem_attn = ln_tokens * (4 * h + 6 * h + gpt_dropout * 5 * h) + tokens * (2 * dims["qkv_out"]) / tp
-    if fp8:
-        elem_attn = elem_attn + tokens * q * (h + dims["o_in"] / tp)
-
-    def mlp_block(ffn, tok, width_div):
-        flops = 2.0 * tok * mlp_params(model, ffn) / width_div
-        mn = np.minimum.reduce([tok, np.full(n, float(h)), np.full(n, float(ffn)) / width_div])
-        elems = tok * ((3 if model.gated_mlp else 2) * ffn) / width_div
-        if fp8:
-            elems = elems + tok * q * (h + ffn / width_div)
-        return gemm(flops, mn), elems
-
-    t_mlp_dense, elem_mlp_dense = mlp_block(model.ffn_hidden, tokens, tp)
-    mb_bytes_dense = eb * (elem_attn + elem_mlp_dense)
+    d.elem_attn = d.ln_tokens * (4 * h + 6 * h + gpt_dropout * 5 * h) + tokens * (2 * dims["qkv_out"]) / tp
+    if c.fp8:
+        d.elem_attn = d.elem_attn + tokens * c.q * (h + dims["o_in"] / tp)
+    d.t_mlp_dense, elem_mlp_dense = _mlp_block(c, model.ffn_hidden, tokens, tp)
+    mb_bytes_dense = eb * (d.elem_attn + elem_mlp_dense)
 
     # TP collectives: with SP 2 all-gathers + 2 reduce-scatters per pass, else 2 all-reduces.
     act_bytes = tokens * h * eb
-    t_ag = comm.collective_time_s(prof, cluster, "all_gather", act_bytes, tp, tp_k, tp_N)
-    t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, tp_k, tp_N)
-    t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, tp_k, tp_N)
-    t_tp = np.where(sp, 2 * (t_ag + t_rs), 2 * t_ar)
-    t_tp_exposed = t_tp * fw["tp_exposed"] * cal.comm_exposed
+    t_ag = comm.collective_time_s(prof, cluster, "all_gather", act_bytes, tp, c.tp_k, c.tp_N)
+    t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, c.tp_k, c.tp_N)
+    t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, c.tp_k, c.tp_N)
+    d.t_tp = np.where(sp, 2 * (t_ag + t_rs), 2 * t_ar)
+    d.t_tp_exposed = d.t_tp * fw["tp_exposed"] * cal.comm_exposed
 
     # CP: ring exchange of K and V, (cp-1) steps, overlapped with the attention chunks.
     kv_bytes = tokens * 2 * model.kv_head_count * dims["qk_head_dim"] * eb / tp
     if model.mla_kv_lora_rank:
         kv_bytes = tokens * 2 * model.heads * dims["qk_head_dim"] * eb / tp
-    t_cp_f = (cp - 1) * comm.collective_time_s(prof, cluster, "send_recv", kv_bytes, cp, cp_k, cp_N)
-    cp_exp_f = np.where(cp > 1, np.maximum(t_cp_f - t_core_f, 0.0) + 0.1 * t_cp_f, 0.0)
-    cp_exp_b = np.where(cp > 1, np.maximum(2 * t_cp_f - t_core_b, 0.0) + 0.1 * t_cp_f, 0.0)
+    t_cp_f = (cp - 1) * comm.collective_time_s(prof, cluster, "send_recv", kv_bytes, cp, c.cp_k, c.cp_N)
+    d.cp_exp_f = np.where(cp > 1, np.maximum(t_cp_f - d.t_core_f, 0.0) + CP_RING_EXPOSED_FRACTION * t_cp_f, 0.0)
+    d.cp_exp_b = np.where(cp > 1, np.maximum(2 * t_cp_f - d.t_core_b, 0.0) + CP_RING_EXPOSED_FRACTION * t_cp_f,
+                          0.0)
 
-    mb_f = compute.memory_bound_time_s(prof, mb_bytes_dense)
+    d.mb_f = compute.memory_bound_time_s(prof, mb_bytes_dense)
     # Fixed host time per layer and micro-batch (kernel launches, Python): zero unless a profile's
     # calibration measured it (executor runs on CPU hosts, where it dominates small models).
-    t_host = cal.layer_overhead_s
-    dense_f = t_attn_proj + t_mlp_dense + t_core_f + mb_f + t_tp_exposed + cp_exp_f + t_host
-    dense_b = 2 * (t_attn_proj + t_mlp_dense) + t_core_b + 2 * mb_f + t_tp_exposed + cp_exp_b + 2 * t_host
-    dense_comm_f = t_tp + t_cp_f
-    dense_comm_b = t_tp + 2 * t_cp_f
+    d.t_host = t_host = cal.layer_overhead_s
+    d.dense_f = d.t_attn_proj + d.t_mlp_dense + d.t_core_f + d.mb_f + d.t_tp_exposed + d.cp_exp_f + t_host
+    d.dense_b = (2 * (d.t_attn_proj + d.t_mlp_dense) + d.t_core_b + 2 * d.mb_f + d.t_tp_exposed + d.cp_exp_b
+                 + 2 * t_host)
+    d.dense_comm_f = d.t_tp + t_cp_f
+    d.dense_comm_b = d.t_tp + 2 * t_cp_f
+    return d
 
-    # ---- one MoE layer ------------------------------------------------------------------------
-    if model.is_moe:
-        k_top, E = model.moe_topk, model.num_experts
-        shared_ffn = model.shared_experts * model.expert_ffn
-        t_shared, elem_shared = (mlp_block(shared_ffn, tokens, tp) if shared_ffn else (0.0, 0.0))
-        router_flops = 2.0 * tokens * h * E / tp
-        t_router = gemm(router_flops, np.minimum(E, h))
-        # Routed experts: tokens owned by the rank (tokens/tp with SP) go to k experts; balanced,
-        # each expert holds tokens*k*ep/(tp*E) of them; the hottest rank sets the pace. With expert tensor
-        # parallelism the etp ranks of an expert all-gather the tokens it received and each computes 1/etp
-        # of its width (megatron-core alltoall dispatcher), reduce-scattering the outputs.
-        own = tokens / tp
-        gathered = own * etp
-        per_expert = gathered * k_top * ep / E * moe_imbalance
-        exp_flops = 2.0 * gathered * k_top * mlp_params(model, model.expert_ffn) / etp * moe_imbalance
-        mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
-        t_experts = gemm(exp_flops, mn)
-        elem_exp = gathered * k_top * moe_imbalance * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
-                                                       + 4 * h)  # activation + permute/unpermute copies
-        if fp8:
-            elem_exp = elem_exp + gathered * k_top * q * (h + model.expert_ffn / etp)
-        etp_k, etp_N = comm.group_span(1, etp, D)
-        etp_bytes = gathered * k_top * h * eb * moe_imbalance
-        t_etp = (comm.collective_time_s(prof, cluster, "all_gather", etp_bytes, etp, etp_k, etp_N)
-                 + comm.collective_time_s(prof, cluster, "reduce_scatter", etp_bytes, etp, etp_k, etp_N))
-        # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
-        # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
-        mb_moe = compute.memory_bound_time_s(prof, eb * (elem_attn + elem_shared
-                                                          + cal.moe_overhead * (elem_exp + own * E * 3)))
-        t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * eb * moe_imbalance, k_top, ep, ep_k, ep_N)
-        t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
-        t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
-        moe_gemm = t_attn_proj + t_shared + t_router + t_experts
-        moe_f = moe_gemm + t_core_f + mb_moe + t_tp_exposed + cp_exp_f + t_a2a + t_moe_fixed + t_host
-        moe_b = 2 * moe_gemm + t_core_b + 2 * mb_moe + t_tp_exposed + cp_exp_b + t_a2a + 2 * t_moe_fixed + 2 * t_host
-        # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
-        # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it.
-        t_moe_host = (MOE_HOST_FIXED_S + E / ep * MOE_HOST_PER_EXPERT_S) * cal.moe_overhead * (prof.kind == "gpu")
-        moe_f = np.maximum(moe_f, t_moe_host)
-        moe_b = np.maximum(moe_b, 2 * t_moe_host)
+
+def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
+    """One MoE layer's forward / backward seconds per micro-batch (``moe_f`` / ``moe_b``): the dense layer's
+    attention (``d``), shared experts, router, routed experts on the hottest rank, the all-to-all and expert
+    tensor-parallel communication, fixed per-layer overheads and the host floor."""
+    model, prof, cluster, cal = c.model, c.prof, c.cluster, c.cal
+    h, n, tokens, tp, ep, etp, eb, imb = c.h, c.n, c.tokens, c.tp, c.ep, c.etp, c.eb, c.moe_imbalance
+    k_top, E = model.moe_topk, model.num_experts
+    shared_ffn = model.shared_experts * model.expert_ffn
+    t_shared, elem_shared = (_mlp_block(c, shared_ffn, tokens, tp) if shared_ffn else (0.0, 0.0))
+    router_flops = 2.0 * tokens * h * E / tp
+    t_router = _gemm(c, router_flops, np.minimum(E, h))
+    # Routed experts: tokens owned by the rank (tokens/tp with SP) go to k experts; balanced,
+    # each expert holds tokens*k*ep/(tp*E) of them; the hottest rank sets the pace. With expert tensor
+    # parallelism the etp ranks of an expert all-gather the tokens it received and each computes 1/etp
+    # of its width (megatron-core alltoall dispatcher), reduce-scattering the outputs.
+    own = tokens / tp
+    gathered = own * etp
+    per_expert = gathered * k_top * ep / E * imb
+    exp_flops = 2.0 * gathered * k_top * mlp_params(model, model.expert_ffn) / etp * imb
+    mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
+    t_experts = _gemm(c, exp_flops, mn)
+    elem_exp = gathered * k_top * imb * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
+                                         + 4 * h)  # activation + permute/unpermute copies
+    if c.fp8:
+        elem_exp = elem_exp + gathered * k_top * c.q * (h + model.expert_ffn / etp)
+    etp_k, etp_N = comm.group_span(1, etp, c.D)
+    etp_bytes = gathered * k_top * h * eb * imb
+    t_etp = (comm.collective_time_s(prof, cluster, "all_gather", etp_bytes, etp, etp_k, etp_N)
+             + comm.collective_time_s(prof, cluster, "reduce_scatter", etp_bytes, etp, etp_k, etp_N))
+    # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
+    # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
+    mb_moe = compute.memory_bound_time_s(prof, eb * (d.elem_attn + elem_shared
+                                                      + cal.moe_overhead * (elem_exp + own * E * 3)))
+    t_a2a = 2 * cal.a2a_time * comm.moe_dispatch_time_s(prof, cluster, own * h * eb * imb, k_top, ep, c.ep_k,
+                                                        c.ep_N)
+    t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
+    t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
+    moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
+    moe_f = moe_gemm + d.t_core_f + mb_moe + d.t_tp_exposed + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
+    moe_b = (2 * moe_gemm + d.t_core_b + 2 * mb_moe + d.t_tp_exposed + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
+             + 2 * d.t_host)
+    # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
+    # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it.
+    t_moe_host = (MOE_HOST_FIXED_S + E / ep * MOE_HOST_PER_EXPERT_S) * cal.moe_overhead * (prof.kind == "gpu")
+    return dict(moe_f=np.maximum(moe_f, t_moe_host), moe_b=np.maximum(moe_b, 2 * t_moe_host), mb_moe=mb_moe,
+                t_a2a=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts, t_moe_fixed=t_moe_fixed,
+                t_moe_host=t_moe_host)
+
+
+def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
+    """Per-layer terms of one micro-batch on one rank: the dense layer (:func:`_dense_layer`), the MoE layer
+    (:func:`_moe_layer`, zeros for a dense model) and what recomputing each costs (``rec_dense`` /
+    ``rec_moe``: a whole forward with full recompute, the attention core with selective)."""
+    lt = _dense_layer(c)
+    if c.model.is_moe:
+        vars(lt).update(_moe_layer(c, lt))
     else:
-        moe_f = moe_b = mb_moe = np.zeros(n)
-        t_a2a = np.zeros(n)
-
-    # ---- recompute ------------------------------------------------------------------------------
-    rc = a.recompute
+        lt.moe_f = lt.moe_b = lt.mb_moe = np.zeros(c.n)
+        lt.t_a2a = np.zeros(c.n)
+    rc = c.a.recompute
     # Selective: the attention core, plus (flash era) the LayerNorms and MLP activation, which are
     # memory-bound: about a third of the layer's element-wise traffic.
-    sel_dense = t_core_f + (mb_f / 3.0 if fw["flash"] else 0.0)
-    sel_moe = t_core_f + (mb_moe / 3.0 if (fw["flash"] and model.is_moe) else 0.0)
-    rec_dense = np.where(rc == 2, dense_f, np.where(rc == 1, sel_dense, 0.0))
-    rec_moe = np.where(rc == 2, moe_f, np.where(rc == 1, sel_moe, 0.0))
+    sel_dense = lt.t_core_f + (lt.mb_f / 3.0 if c.fw["flash"] else 0.0)
+    sel_moe = lt.t_core_f + (lt.mb_moe / 3.0 if (c.fw["flash"] and c.model.is_moe) else 0.0)
+    lt.rec_dense = np.where(rc == 2, lt.dense_f, np.where(rc == 1, sel_dense, 0.0))
+    lt.rec_moe = np.where(rc == 2, lt.moe_f, np.where(rc == 1, sel_moe, 0.0))
+    return lt
 
-    # ---- stages -----------------------------------------------------------------------------------
-    st = _stages(model, a)
-    SL = st.layers
-    valid = st.valid
-    n_dense = np.clip(model.dense_layers - st.start, 0, SL) if model.is_moe else SL
-    n_moe = SL - n_dense
-    rl = np.where(a.recompute_layers[:, None] < 0, SL, np.minimum(a.recompute_layers[:, None], SL))
-    rec_frac = np.where(SL > 0, rl / np.maximum(SL, 1), 0.0)
-    col = lambda x: np.asarray(x, dtype=float)[:, None]  # noqa: E731
-    stage_f = n_dense * col(dense_f) + n_moe * col(moe_f)
-    stage_b = n_dense * col(dense_b) + n_moe * col(moe_b)
-    stage_rec = rec_frac * (n_dense * col(rec_dense) + n_moe * col(rec_moe))
+
+def _col(x) -> np.ndarray:
+    """A per-plan array as a column, to broadcast against (plan, stage) arrays."""
+    return np.asarray(x, dtype=float)[:, None]
+
+
+def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
+    """Per representative stage (:class:`Stages`) the forward, backward and recompute seconds of one
+    micro-batch (``stage_f`` / ``stage_b`` / ``stage_rec``): its dense and MoE layers, the embedding on the
+    first stage, LM head + cross-entropy and any multi-token-prediction modules on the last, plus the
+    pipeline hops (``p2p_stage``); and the pipelined part of the step from the schedule (``pipe_s``,
+    ``bubble_s``: pipeline.pipeline_time_s)."""
+    model, prof, a, fw, cal = c.model, c.prof, c.a, c.fw, c.cal
+    h, n, tokens, tp, pp, vpp, sp, eb, col = c.h, c.n, c.tokens, c.tp, c.pp, c.vpp, c.sp, c.eb, _col
+    st = SimpleNamespace(stages=_stages(model, a))
+    SL = st.SL = st.stages.layers
+    st.valid = st.stages.valid
+    st.n_dense = n_dense = np.clip(model.dense_layers - st.stages.start, 0, SL) if model.is_moe else SL
+    st.n_moe = n_moe = SL - n_dense
+    st.rl = np.where(a.recompute_layers[:, None] < 0, SL, np.minimum(a.recompute_layers[:, None], SL))
+    st.rec_frac = rec_frac = np.where(SL > 0, st.rl / np.maximum(SL, 1), 0.0)
+    stage_f = n_dense * col(lt.dense_f) + n_moe * col(lt.moe_f)
+    stage_b = n_dense * col(lt.dense_b) + n_moe * col(lt.moe_b)
+    stage_rec = rec_frac * (n_dense * col(lt.rec_dense) + n_moe * col(lt.rec_moe))
 
     # Edge stages: embedding on the first, LM head + cross-entropy on the last.
     logit_flops = 2.0 * tokens * h * model.vocab / tp
     # The output layer runs outside the fp8 autocast region in megatron-core: always bf16.
-    t_logit = compute.gemm_time_s(prof, wide, logit_flops,
-                                  np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
-    t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * 4.0 * 3)
-    t_emb = compute.memory_bound_time_s(prof, ln_tokens * h * eb * 3)
-    first, last = st.first, st.last
+    st.t_logit = t_logit = compute.gemm_time_s(prof, c.wide, logit_flops,
+                                               np.minimum.reduce([tokens, np.full(n, float(h)), model.vocab / tp]))
+    t_ce = compute.memory_bound_time_s(prof, tokens * model.vocab / tp * CROSS_ENTROPY_ELEMENT_BYTES
+                                       * CROSS_ENTROPY_PASSES)
+    t_emb = compute.memory_bound_time_s(prof, lt.ln_tokens * h * eb * 3)
+    st.first, st.last = first, last = st.stages.first, st.stages.last
     stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
     stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
     # Multi-token prediction (megatron-core: on the last stage): per module a layer of the last kind, the
     # 2h->h projection of [norm(h); norm(embedding)] and the shared output layer and loss once more.
-    mtp = model.mtp_layers
-    mtp_moe = model.moe_layers > 0          # the module repeats the last layer: MoE unless all layers are dense
+    st.mtp = mtp = model.mtp_layers
+    st.mtp_moe = mtp_moe = model.moe_layers > 0    # the module repeats the last layer: MoE unless all are dense
     if mtp:
-        t_eh = gemm(2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
-        mtp_f = (moe_f if mtp_moe else dense_f) + t_eh + t_logit + t_ce
-        mtp_b = (moe_b if mtp_moe else dense_b) + 2 * t_eh + 2 * t_logit + t_ce
+        t_eh = _gemm(c, 2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
+        mtp_f = (lt.moe_f if mtp_moe else lt.dense_f) + t_eh + t_logit + t_ce
+        mtp_b = (lt.moe_b if mtp_moe else lt.dense_b) + 2 * t_eh + 2 * t_logit + t_ce
         stage_f = stage_f + last * col(mtp * mtp_f)
         stage_b = stage_b + last * col(mtp * mtp_b)
-        stage_rec = stage_rec + last * rec_frac * col(mtp * (rec_moe if mtp_moe else rec_dense))
+        stage_rec = stage_rec + last * rec_frac * col(mtp * (lt.rec_moe if mtp_moe else lt.rec_dense))
 
     # Pipeline hops: activation send/recv per chunk and micro-batch, forward and backward.
     p2p_bytes = tokens * h * eb / np.where(sp, tp, 1.0)
-    t_p2p = comm.collective_time_s(prof, cluster, "send_recv", p2p_bytes, 2 * np.ones(n), np.ones(n),
-                                   np.where(pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
+    st.t_p2p = comm.collective_time_s(prof, c.cluster, "send_recv", p2p_bytes, 2 * np.ones(n), np.ones(n),
+                                      np.where(c.pp_N > 1, 2.0, 1.0)) + P2P_FIXED_S
     # Megatron overlaps pipeline send/recv with compute only in the interleaved schedule: without virtual
     # stages it turns overlap_p2p_comm off (megatron/training/arguments.py: "non-interleaved schedule does
     # not support overlapping p2p communication") and each hop waits on its blocking batched send/recv.
     p2p_exposed = np.where(vpp > 1, fw["p2p_exposed"], 1.0)
-    p2p_stage = np.where(pp > 1, 2 * vpp * t_p2p * p2p_exposed * cal.comm_exposed, 0.0)
-    stage_time = stage_f + stage_b + stage_rec + col(p2p_stage)
-    pipe_s, bubble_s = pipeline.pipeline_time_s(stage_time, st.weight, m, vpp)
+    st.p2p_stage = np.where(pp > 1, 2 * vpp * st.t_p2p * p2p_exposed * cal.comm_exposed, 0.0)
+    st.stage_f, st.stage_b, st.stage_rec = stage_f, stage_b, stage_rec
+    st.stage_time = stage_f + stage_b + stage_rec + col(st.p2p_stage)
+    st.pipe_s, st.bubble_s = pipeline.pipeline_time_s(st.stage_time, st.stages.weight, c.m, vpp)
+    return st
 
-    # ---- data-parallel gradients / parameters ------------------------------------------------
-    lp_dense = layer_params(model, False)
-    lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
+
+def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
+    """Parameters each stage's rank holds, dense (sharded over tp) and expert (over ep x etp), its layers'
+    parameter counts (for the FSDP unit) and the ZeRO / distributed-optimizer sharding (``shard``,
+    ``shard_e``: the group each optimizer state is split over)."""
+    model, a, h, col = c.model, c.a, c.h, _col
+    first, last, mtp, n_dense, n_moe = st.first, st.last, st.mtp, st.n_dense, st.n_moe
+    p = SimpleNamespace()
+    p.lp_dense = layer_params(model, False)
+    p.lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
     emb = embedding_params(model)
     edge_params = first * emb["embedding"] + last * emb["lm_head"]
-    lp_mtp = lp_moe if mtp_moe else lp_dense
+    lp_mtp = p.lp_moe if st.mtp_moe else p.lp_dense
     mtp_dense = mtp * (lp_mtp["dense"] + 2.0 * h * h + 2.0 * h)    # layer, eh projection, two norms
-    p_dense_stage = (n_dense * lp_dense["dense"] + n_moe * lp_moe["dense"] + edge_params
-                     + last * mtp_dense) / col(tp)
-    p_exp_stage = (n_moe + last * mtp) * lp_moe["expert"] / col(ep * etp)
-    zero = a.zero_stage
-    distopt = a.distributed_optimizer | (zero >= 1)
-    grad_b = memory.GRAD_BYTES_CORE if framework in ("megatron-core", "other") else memory.GRAD_BYTES
-    grad_b = max(grad_b, eb)
-    wire_b = grad_b if grad_compression is None else grad_compression.wire_bytes_per_element
-    rs_d = comm.collective_time_s(prof, cluster, "reduce_scatter", p_dense_stage * wire_b,
-                                  col(dp_size), col(dp_k), col(dp_N))
-    ar_d = comm.collective_time_s(prof, cluster, "all_reduce", p_dense_stage * wire_b,
-                                  col(dp_size), col(dp_k), col(dp_N))
-    ag_d = comm.collective_time_s(prof, cluster, "all_gather", p_dense_stage * eb,
-                                  col(dp_size), col(dp_k), col(dp_N))
-    rs_e = comm.collective_time_s(prof, cluster, "reduce_scatter", p_exp_stage * wire_b,
-                                  col(edp), col(edp_k), col(edp_N))
-    ar_e = comm.collective_time_s(prof, cluster, "all_reduce", p_exp_stage * wire_b,
-                                  col(edp), col(edp_k), col(edp_N))
-    ag_e = comm.collective_time_s(prof, cluster, "all_gather", p_exp_stage * eb,
-                                  col(edp), col(edp_k), col(edp_N))
-    # Latency over many nodes (costmodel/scale.py): every gradient bucket (megatron-core DDP) and every FSDP
-    # layer is one NCCL collective whose latency grows with the ring (NCCL's tuning model); collective_time_s
-    # counted one small-message latency for the whole stage, so only the rest is added here.
-    def bucket_latency(collective, params, size, k_dom, n_dom, count):
-        once = prof.latency_s(collective) * np.where(n_dom > 1, 2.0, 1.0)
-        each = np.where(n_dom > 1, scale.nccl_latency_s(collective, size, n_dom), prof.latency_s(collective))
-        return np.where((size > 1) & (params > 0), np.maximum(count * each - once, 0.0), 0.0)
+    p.dense = (n_dense * p.lp_dense["dense"] + n_moe * p.lp_moe["dense"] + edge_params
+               + last * mtp_dense) / col(c.tp)
+    p.expert = (n_moe + last * mtp) * p.lp_moe["expert"] / col(c.ep * c.etp)
+    p.zero = a.zero_stage
+    distopt = a.distributed_optimizer | (p.zero >= 1)
+    p.dist = col(distopt)
+    p.fsdp = col(p.zero >= 3)
+    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other") else memory.GRAD_BYTES
+    p.grad_b = max(grad_b, c.eb)
+    p.shard = np.where(p.dist, col(c.dp_size), 1.0)
+    p.shard_e = np.where(p.dist, col(c.edp), 1.0)
+    return p
+
+
+def _bucket_latency(c: SimpleNamespace, collective, params, size, k_dom, n_dom, count):
+    """Latency over many nodes (costmodel/scale.py): every gradient bucket (megatron-core DDP) and every FSDP
+    layer is one NCCL collective whose latency grows with the ring (NCCL's tuning model); collective_time_s
+    counted one small-message latency for the whole stage, so only the rest is returned."""
+    once = c.prof.latency_s(collective) * np.where(n_dom > 1, 2.0, 1.0)
+    each = np.where(n_dom > 1, scale.nccl_latency_s(collective, size, n_dom), c.prof.latency_s(collective))
+    return np.where((size > 1) & (params > 0), np.maximum(count * each - once, 0.0), 0.0)
+
+
+def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> SimpleNamespace:
+    """What each stage adds after its last micro-batch: the data-parallel gradient reduce and parameter
+    gather (or Megatron-FSDP's per-micro-batch gathers and reduces) left exposed by the overlap with the
+    last backward / first forward (``dp_exposed``, with the ``*_sync`` / ``fsdp_comm`` totals for the upper
+    bound), gradient compression kernels (``t_compress``) and the optimizer step (``t_opt``)."""
+    prof, cluster, fw, cal, gc, col = c.prof, c.cluster, c.fw, c.cal, c.grad_compression, _col
+    dp_size, dp_k, dp_N, edp, edp_k, edp_N, m = c.dp_size, c.dp_k, c.dp_N, c.edp, c.edp_k, c.edp_N, c.m
+    p_dense_stage, p_exp_stage, grad_b, valid, SL = p.dense, p.expert, p.grad_b, st.valid, st.SL
+    wire_b = grad_b if gc is None else gc.wire_bytes_per_element
+
+    def coll(kind, params, nbytes, group, k, N):
+        return comm.collective_time_s(prof, cluster, kind, params * nbytes, col(group), col(k), col(N))
+
+    rs_d = coll("reduce_scatter", p_dense_stage, wire_b, dp_size, dp_k, dp_N)
+    ar_d = coll("all_reduce", p_dense_stage, wire_b, dp_size, dp_k, dp_N)
+    ag_d = coll("all_gather", p_dense_stage, c.eb, dp_size, dp_k, dp_N)
+    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, edp, edp_k, edp_N)
+    ar_e = coll("all_reduce", p_exp_stage, wire_b, edp, edp_k, edp_N)
+    ag_e = coll("all_gather", p_exp_stage, c.eb, edp, edp_k, edp_N)
+
+    def latency(kind, count_d, count_e):
+        return (_bucket_latency(c, kind, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), count_d)
+                + _bucket_latency(c, kind, p_exp_stage, col(edp), col(edp_k), col(edp_N), count_e))
 
     nb_d = scale.ddp_buckets(p_dense_stage, col(dp_size))
     nb_e = scale.ddp_buckets(p_exp_stage, col(edp))
-    lat = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), nb_d)
-           + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), nb_e)
-           for c in ("reduce_scatter", "all_reduce", "all_gather")}
+    lat = {k: latency(k, nb_d, nb_e) for k in ("reduce_scatter", "all_reduce", "all_gather")}
     # Megatron-FSDP: one gather / reduce per layer (its unit) and micro-batch, dense and expert groups apart.
-    lat_fsdp = {c: bucket_latency(c, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), SL)
-                + bucket_latency(c, p_exp_stage, col(edp), col(edp_k), col(edp_N), SL)
-                for c in ("reduce_scatter", "all_gather")}
-    dist = col(distopt)
-    grad_sync = np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
-    param_sync = np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
-    fsdp = col(zero >= 3)
+    lat_fsdp = {k: latency(k, SL, SL) for k in ("reduce_scatter", "all_gather")}
+    dist, fsdp = p.dist, p.fsdp
+    t = SimpleNamespace()
+    t.grad_sync = np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
+    t.param_sync = np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
     # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
-    fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + rs_d + rs_e + lat_fsdp["reduce_scatter"])
+    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + rs_d + rs_e
+                            + lat_fsdp["reduce_scatter"])
+    stage_f, stage_b, vpp = st.stage_f, st.stage_b, c.vpp
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
         # (~1/8 of a stage's gradients, Megatron's bucket size relative to a layer stack) stays exposed.
-        last_b = stage_b / col(vpp) + stage_rec / col(vpp)
+        last_b = stage_b / col(vpp) + st.stage_rec / col(vpp)
         first_f = stage_f / col(vpp)
-        dp_exposed = (np.maximum(grad_sync - last_b, 0.0) + 0.125 * grad_sync
-                      + np.maximum(param_sync - first_f, 0.0) + 0.125 * param_sync) * cal.comm_exposed
-        fsdp_exposed = np.maximum(fsdp_comm - col(m) * (stage_f + stage_b), 0.0) + 0.05 * fsdp_comm
+        dp_exposed = (np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync
+                      + np.maximum(t.param_sync - first_f, 0.0) + 0.125 * t.param_sync) * cal.comm_exposed
+        fsdp_exposed = (np.maximum(t.fsdp_comm - col(m) * (stage_f + stage_b), 0.0)
+                        + FSDP_EXPOSED_FRACTION * t.fsdp_comm)
     else:
-        dp_exposed = grad_sync + param_sync
-        fsdp_exposed = fsdp_comm
+        dp_exposed = t.grad_sync + t.param_sync
+        fsdp_exposed = t.fsdp_comm
     dp_exposed = np.where(fsdp > 0, fsdp_exposed, dp_exposed)
-    dp_exposed = np.where(valid, dp_exposed, 0.0)
-    if grad_compression is not None:
+    t.dp_exposed = np.where(valid, dp_exposed, 0.0)
+    if gc is not None:
         # Compress/decompress kernels over the local gradients (per micro-batch with FSDP): they occupy the
         # GPU, so nothing hides them.
         t_compress = compute.memory_bound_time_s(
-            prof, (p_dense_stage + p_exp_stage) * grad_compression.kernel_bytes_per_element(grad_b))
-        t_compress = np.where(valid, t_compress * np.where(fsdp > 0, col(m), 1.0), 0.0)
+            prof, (p_dense_stage + p_exp_stage) * gc.kernel_bytes_per_element(grad_b))
+        t.t_compress = np.where(valid, t_compress * np.where(fsdp > 0, col(m), 1.0), 0.0)
     else:
-        t_compress = np.zeros_like(dp_exposed)
+        t.t_compress = np.zeros_like(t.dp_exposed)
 
     # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy.
-    shard = np.where(dist, col(dp_size), 1.0)
-    shard_e = np.where(dist, col(edp), 1.0)
-    opt_params = p_dense_stage / shard + p_exp_stage / shard_e
+    opt_params = p_dense_stage / p.shard + p_exp_stage / p.shard_e
     t_opt = compute.memory_bound_time_s(prof, opt_params * 34.0)
-    t_opt = np.where(valid, t_opt, 0.0)
+    t.t_opt = np.where(valid, t_opt, 0.0)
+    t.stage_tail = t.dp_exposed + t.t_compress + t.t_opt
+    t.tail = t.stage_tail.max(axis=1)
+    return t
 
-    tail = (dp_exposed + t_compress + t_opt).max(axis=1)
-    # Stragglers (costmodel/scale.py): the pipeline runs at the pace of the slowest of the world's GPUs.
-    world = tp * pp * dp * cp
-    t_strag = scale.straggler_fraction(world) * pipe_s * (prof.kind == "gpu")
-    step = pipe_s + t_strag + tail + STEP_OVERHEAD_S
 
-    # Bounds: all overlappable comm hidden vs none hidden.
-    overl_layer = n_dense * col(dense_comm_f + dense_comm_b - 2 * t_tp_exposed) + \
-        n_moe * col(2 * t_tp - 2 * t_tp_exposed)
-    upper = step + (col(m) * np.where(valid, overl_layer, 0.0)).max(axis=1) + \
-        np.where(valid, np.where(fsdp > 0, fsdp_comm, grad_sync + param_sync) - dp_exposed, 0.0).max(axis=1)
-    hidden_now = (col(m) * np.where(valid, n_dense * col(2 * t_tp_exposed) + n_moe * col(2 * t_tp_exposed),
-                                    0.0)).max(axis=1)
-    lower = np.maximum(step - hidden_now - dp_exposed.max(axis=1), 0.0)
-
-    # ---- memory ---------------------------------------------------------------------------------
+def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> SimpleNamespace:
+    """Peak memory of one GPU of each stage (``peak``): weights, gradients, optimizer state, the activations
+    of the micro-batches in flight (partial recompute, MTP, the last stage's logits), FSDP's unsharded
+    layers, workspaces and fragmentation; ``fits`` when every stage is within the usable capacity."""
+    model, a, fw, eb, tokens, tp, sp, n, imb, col = c.model, c.a, c.fw, c.eb, c.tokens, c.tp, c.sp, c.n, \
+        c.moe_imbalance, _col
+    SL, rl, n_dense, n_moe, last, mtp, fp8 = st.SL, st.rl, st.n_dense, st.n_moe, st.last, st.mtp, c.fp8
     rc_arr = a.recompute
     act_dense = memory.layer_activation_bytes(model, tokens, tp, sp, rc_arr, fw["flash"], False, fp8)
-    act_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, rc_arr, fw["flash"], True, fp8)
+    act_moe = (memory.layer_activation_bytes(model, tokens * imb, tp, sp, rc_arr, fw["flash"], True, fp8)
                if model.is_moe else np.zeros(n))
     act_none_dense = memory.layer_activation_bytes(model, tokens, tp, sp, np.zeros(n), fw["flash"], False, fp8)
-    act_none_moe = (memory.layer_activation_bytes(model, tokens * moe_imbalance, tp, sp, np.zeros(n),
+    act_none_moe = (memory.layer_activation_bytes(model, tokens * imb, tp, sp, np.zeros(n),
                                                   fw["flash"], True, fp8) if model.is_moe else np.zeros(n))
     # Partial full-recompute: recomputed layers keep their input only, the rest keep everything.
     full = col(rc_arr == 2)
@@ -493,89 +524,163 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                       + (SL - rl) * (n_dense / np.maximum(SL, 1) * col(act_none_dense)
                                      + n_moe / np.maximum(SL, 1) * col(act_none_moe)),
                       n_dense * col(act_dense) + n_moe * col(act_moe))
-    inflight = pipeline.in_flight_microbatches(pp, vpp, m, st.index)
+    inflight = pipeline.in_flight_microbatches(c.pp, c.vpp, c.m, st.stages.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     if mtp:   # the module's layer (recomputed like the stage's layers) and its logits
-        a_rc, a_none = (act_moe, act_none_moe) if mtp_moe else (act_dense, act_none_dense)
-        per_mb = per_mb + last * mtp * np.where(full, rec_frac * col(a_rc) + (1 - rec_frac) * col(a_none), col(a_rc))
+        a_rc, a_none = (act_moe, act_none_moe) if st.mtp_moe else (act_dense, act_none_dense)
+        per_mb = per_mb + last * mtp * np.where(full, st.rec_frac * col(a_rc) + (1 - st.rec_frac) * col(a_none),
+                                                col(a_rc))
     # The last stage's logits are live from its loss forward to the output layer's backward; a fully
     # recomputed layer is rebuilt only inside its own backward (megatron-core tensor_parallel/random.py
     # CheckpointFunction.backward), after the logits gradient is consumed: the peak holds one or the other.
     logit_b = eb if fw["te_ce"] else memory.LOGITS_BYTES_UNFUSED
     logits = col((1 + mtp) * memory.logits_bytes(model, tokens, tp, logit_b))
     work_b = working * (eb / 2.0)
-    act_bytes_stage = per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)
+    mem = SimpleNamespace()
+    mem.activations = per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
+    p_dense_stage, p_exp_stage, grad_b, fsdp, zero = p.dense, p.expert, p.grad_b, p.fsdp, p.zero
     p_stage = p_dense_stage + p_exp_stage
-    weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(dp_size) + p_exp_stage * w_bytes / col(edp),
-                       p_stage * w_bytes)
-    grads = np.where(col(zero >= 2), p_dense_stage * grad_b / col(dp_size) + p_exp_stage * grad_b / col(edp),
-                     p_stage * grad_b)
-    if grad_compression is not None:
-        grads = grads + p_stage * grad_compression.residual_bytes_per_element
-    optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / shard + p_exp_stage / shard_e)
+    mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.dp_size) + p_exp_stage * w_bytes / col(c.edp),
+                           p_stage * w_bytes)
+    mem.grads = np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.dp_size) + p_exp_stage * grad_b / col(c.edp),
+                         p_stage * grad_b)
+    if c.grad_compression is not None:
+        mem.grads = mem.grads + p_stage * c.grad_compression.residual_bytes_per_element
+    mem.optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard + p_exp_stage / p.shard_e)
     # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the
     # backward, their gradients before the reduce-scatter (the one reduced and the queue): memory.py
     # fsdp_unsharded_elements. An FSDP unit is one TransformerLayer on this rank: its expert part holds the
     # local experts only (E/ep, sharded over the expert data-parallel group; megatron-core
     # distributed/fsdp/mcore_fsdp_adapter.py:221-282 builds the expert mesh from expt_dp and expt_tp).
+    lp_dense, lp_moe = p.lp_dense, p.lp_moe
     layer_p = np.maximum((n_dense > 0) * lp_dense["dense"] / col(tp),
-                         (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(ep * etp)))
+                         (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(c.ep * c.etp)))
     w_unsh, g_unsh = memory.fsdp_unsharded_elements(layer_p, SL)
     unsharded = np.where(fsdp > 0, w_unsh * w_bytes, 0.0) + np.where(col(zero >= 2), g_unsh * grad_b, 0.0)
-    live = weights + grads + optim + act_bytes_stage + unsharded
-    buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
-    peak = np.where(valid, live + buffers, 0.0)
-    capacity = prof.memory_bytes.value * prof.usable_memory_fraction
-    fits = (peak <= capacity).all(axis=1)
+    live = mem.weights + mem.grads + mem.optim + mem.activations + unsharded
+    mem.buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
+    mem.peak = np.where(st.valid, live + mem.buffers, 0.0)
+    mem.capacity = c.prof.memory_bytes.value * c.prof.usable_memory_fraction
+    mem.fits = (mem.peak <= mem.capacity).all(axis=1)
+    return mem
 
+
+def step_time_s(pipe_s, tail_s, world, on_gpus) -> tuple[np.ndarray, np.ndarray]:
+    """(step seconds, straggler seconds) from the pipelined part and the slowest stage's tail: stragglers
+    (costmodel/scale.py: the pipeline runs at the pace of the slowest of the ``world`` GPUs; GPU profiles
+    only) and the fixed STEP_OVERHEAD_S added. Shared by :func:`compose_step` and costmodel/hetero.py."""
+    t_strag = scale.straggler_fraction(world) * pipe_s * on_gpus
+    return pipe_s + t_strag + tail_s + STEP_OVERHEAD_S, t_strag
+
+
+def mfu(model_flops, step_s, gpus, peak_flops):
+    """Model FLOPs utilisation: model FLOPs of a step over ``gpus`` GPUs' dense ``peak_flops`` for the step.
+    Shared by :func:`compose_step` and costmodel/hetero.py."""
+    return model_flops / (step_s * gpus * peak_flops)
+
+
+def _bounds(c, lt, st, p, t, step) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) step seconds: every overlappable collective hidden vs none hidden."""
+    col, m, n_dense, n_moe, valid = _col, c.m, st.n_dense, st.n_moe, st.valid
+    overl_layer = n_dense * col(lt.dense_comm_f + lt.dense_comm_b - 2 * lt.t_tp_exposed) + \
+        n_moe * col(2 * lt.t_tp - 2 * lt.t_tp_exposed)
+    upper = step + (col(m) * np.where(valid, overl_layer, 0.0)).max(axis=1) + \
+        np.where(valid, np.where(p.fsdp > 0, t.fsdp_comm, t.grad_sync + t.param_sync) - t.dp_exposed,
+                 0.0).max(axis=1)
+    hidden_now = (col(m) * np.where(valid, n_dense * col(2 * lt.t_tp_exposed) + n_moe * col(2 * lt.t_tp_exposed),
+                                    0.0)).max(axis=1)
+    lower = np.maximum(step - hidden_now - t.dp_exposed.max(axis=1), 0.0)
+    return lower, upper
+
+
+def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.ndarray]:
+    """The arrays estimate_arrays returns, keyed by quantity (per plan, or per plan and stage)."""
+    model, a, n, m, col = c.model, c.a, c.n, c.m, _col
+    n_dense, n_moe, SL, valid, stage_time = st.n_dense, st.n_moe, st.SL, st.valid, st.stage_time
+    world = c.tp * c.pp * c.dp * c.cp
     mflops = model_flops_per_step(model, a.global_batch)
-    peak_flops = prof.peak(dtype)
     i_max = np.argmax(np.where(valid, stage_time, -1.0), axis=1)
     rows = np.arange(n)
-    details = {"attn_proj_s": t_attn_proj, "attn_core_fwd_s": t_core_f, "attn_core_bwd_s": t_core_b,
-               "mlp_dense_s": t_mlp_dense, "memory_bound_dense_s": mb_f, "tp_comm_s": t_tp,
-               "layer_dense_fwd_s": dense_f, "layer_dense_bwd_s": dense_b, "layer_moe_fwd_s": moe_f,
-               "layer_moe_bwd_s": moe_b, "a2a_s": t_a2a, "logits_s": t_logit, "p2p_s": t_p2p}
-    if grad_compression is not None:
-        details["grad_compression_s"] = t_compress.max(axis=1)
+    details = {"attn_proj_s": lt.t_attn_proj, "attn_core_fwd_s": lt.t_core_f, "attn_core_bwd_s": lt.t_core_b,
+               "mlp_dense_s": lt.t_mlp_dense, "memory_bound_dense_s": lt.mb_f, "tp_comm_s": lt.t_tp,
+               "layer_dense_fwd_s": lt.dense_f, "layer_dense_bwd_s": lt.dense_b, "layer_moe_fwd_s": lt.moe_f,
+               "layer_moe_bwd_s": lt.moe_b, "a2a_s": lt.t_a2a, "logits_s": st.t_logit, "p2p_s": st.t_p2p}
+    if c.grad_compression is not None:
+        details["grad_compression_s"] = t.t_compress.max(axis=1)
     if model.is_moe:
-        details.update({"experts_s": t_experts, "shared_s": t_shared, "router_s": t_router,
-                        "memory_bound_moe_s": mb_moe, "moe_fixed_s": np.full(n, t_moe_fixed),
-                        "moe_host_s": t_moe_host})
+        details.update({"experts_s": lt.t_experts, "shared_s": lt.t_shared, "router_s": lt.t_router,
+                        "memory_bound_moe_s": lt.mb_moe, "moe_fixed_s": np.full(n, lt.t_moe_fixed),
+                        "moe_host_s": lt.t_moe_host})
+    m_col = col(m)[:, 0]
+    per_layer_tp = col(2 * lt.t_tp_exposed)
     return {
         "details": details,
         "step_time_s": step,
         "step_time_lower_s": np.minimum(lower, step),
         "step_time_upper_s": np.maximum(upper, step),
-        "pipeline_s": pipe_s,
-        "bubble_s": bubble_s,
-        "compute_s": col(m)[:, 0] * (stage_f + stage_b)[rows, i_max] - col(m)[:, 0] * (
-            n_dense * col(2 * t_tp_exposed + cp_exp_f + cp_exp_b) + n_moe * col(2 * t_tp_exposed + 2 * t_a2a)
-        )[rows, i_max],
-        "recompute_s": col(m)[:, 0] * stage_rec[rows, i_max],
-        "tp_comm_exposed_s": col(m)[:, 0] * (SL * col(2 * t_tp_exposed))[rows, i_max],
-        "cp_comm_exposed_s": col(m)[:, 0] * (SL * col(cp_exp_f + cp_exp_b))[rows, i_max],
-        "ep_comm_exposed_s": col(m)[:, 0] * (n_moe * col(2 * t_a2a))[rows, i_max],
-        "pp_comm_exposed_s": m * p2p_stage,
-        "dp_comm_exposed_s": (dp_exposed + t_compress).max(axis=1),
-        "optimizer_s": t_opt.max(axis=1),
+        "pipeline_s": st.pipe_s,
+        "bubble_s": st.bubble_s,
+        "compute_s": m_col * (st.stage_f + st.stage_b)[rows, i_max] - m_col * (
+            n_dense * col(2 * lt.t_tp_exposed + lt.cp_exp_f + lt.cp_exp_b)
+            + n_moe * col(2 * lt.t_tp_exposed + 2 * lt.t_a2a))[rows, i_max],
+        "recompute_s": m_col * st.stage_rec[rows, i_max],
+        "tp_comm_exposed_s": m_col * (SL * per_layer_tp)[rows, i_max],
+        "cp_comm_exposed_s": m_col * (SL * col(lt.cp_exp_f + lt.cp_exp_b))[rows, i_max],
+        "ep_comm_exposed_s": m_col * (n_moe * col(2 * lt.t_a2a))[rows, i_max],
+        "pp_comm_exposed_s": m * st.p2p_stage,
+        "dp_comm_exposed_s": (t.dp_exposed + t.t_compress).max(axis=1),
+        "optimizer_s": t.t_opt.max(axis=1),
         "straggler_s": t_strag,
-        "stage_tail_s": np.where(valid, dp_exposed + t_compress + t_opt, np.nan),  # after the last micro-batch
+        "stage_tail_s": np.where(valid, t.stage_tail, np.nan),  # after the last micro-batch
         "stage_time_s": np.where(valid, stage_time, np.nan),
-        "peak_memory_bytes": np.where(valid, peak, np.nan),
-        "weights_bytes": weights[rows, 0],
-        "grads_bytes": grads[rows, 0],
-        "optimizer_bytes": optim[rows, 0],
-        "activations_bytes": act_bytes_stage[rows, 0],
-        "buffers_bytes": buffers[rows, 0],
-        "memory_capacity_bytes": np.full(n, capacity),
-        "fits": fits,
+        "peak_memory_bytes": np.where(valid, mem.peak, np.nan),
+        "weights_bytes": mem.weights[rows, 0],
+        "grads_bytes": mem.grads[rows, 0],
+        "optimizer_bytes": mem.optim[rows, 0],
+        "activations_bytes": mem.activations[rows, 0],
+        "buffers_bytes": mem.buffers[rows, 0],
+        "memory_capacity_bytes": np.full(n, mem.capacity),
+        "fits": mem.fits,
         "model_flops_per_step": mflops,
-        "tokens_per_s_per_gpu": a.global_batch * s / (step * world),
-        "mfu": mflops / (step * world * peak_flops),
+        "tokens_per_s_per_gpu": a.global_batch * c.s / (step * world),
+        "mfu": mfu(mflops, step, world, c.prof.peak(c.dtype)),
     }
+
+
+def compose_step(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: HardwareProfile, *,
+                 framework: str = "megatron-core", moe_imbalance: float = 1.0,
+                 grad_compression: GradCompression | None = None) -> dict[str, np.ndarray]:
+    """The step of every plan in ``a``, composed from its terms: :func:`layer_terms` (one layer's compute,
+    recompute and exposed TP / CP / EP comm), :func:`stage_times` (each stage's micro-batch and the
+    pipeline schedule), :func:`dp_tail` (data-parallel sync and optimizer after the last micro-batch) and
+    :func:`stage_memory`; then :func:`step_time_s`, the bounds and the outputs."""
+    c = _context(model, cluster, a, prof, framework, moe_imbalance, grad_compression)
+    lt = layer_terms(c)
+    st = stage_times(c, lt)
+    p = stage_params(c, st)
+    t = dp_tail(c, st, p)
+    mem = stage_memory(c, st, p)
+    world = c.tp * c.pp * c.dp * c.cp
+    step, t_strag = step_time_s(st.pipe_s, t.tail, world, prof.kind == "gpu")
+    lower, upper = _bounds(c, lt, st, p, t, step)
+    return _outputs(c, lt, st, t, mem, step, t_strag, lower, upper)
+
+
+def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
+                    profile: HardwareProfile | None = None, framework: str = "megatron-core",
+                    moe_imbalance: float = 1.0,
+                    grad_compression: GradCompression | None = None) -> dict[str, np.ndarray]:
+    """Score every plan in ``a`` (:func:`compose_step`). Returns arrays keyed by quantity (per plan, or per
+    plan and stage).
+
+    ``grad_compression`` (costmodel/compression.py) quantises the data-parallel gradient collective: its
+    bytes shrink, the compress/decompress kernels add HBM-bound time to the step (reported within
+    ``dp_comm_exposed_s``) and the error-feedback residual adds to the gradient memory. None: uncompressed.
+    """
+    return compose_step(model, cluster, a, profile or load_profile(cluster.gpu), framework=framework,
+                        moe_imbalance=moe_imbalance, grad_compression=grad_compression)
 
 
 BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
@@ -583,6 +688,7 @@ BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "
 
 
 def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
+    """Plan ``i`` of an estimate_arrays result as a StepEstimate."""
     stage = out["stage_time_s"][i]
     peak = out["peak_memory_bytes"][i]
     return StepEstimate(
@@ -607,11 +713,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
              profile: HardwareProfile | None = None, moe_imbalance: float = 1.0,
              grad_compression: GradCompression | None = None) -> StepEstimate:
     """Step time and memory of one plan, with every pipeline stage reported."""
-    if plan.layers_per_stage is None:
-        per, rem = divmod(model.layers, plan.pp)
-        split = tuple(per + (1 if 1 <= i <= rem else 0) for i in range(plan.pp))
-        plan = plan.model_copy(update={"layers_per_stage": split})
-    out = estimate_arrays(model, cluster, PlanArrays.from_plans([plan]), profile=profile,
-                          framework=plan.framework, moe_imbalance=moe_imbalance,
-                          grad_compression=grad_compression)
+    plan = plan.with_even_split(model.layers)
+    out = compose_step(model, cluster, PlanArrays.from_plans([plan]), profile or load_profile(cluster.gpu),
+                       framework=plan.framework, moe_imbalance=moe_imbalance, grad_compression=grad_compression)
     return to_step_estimate(out, 0)

@@ -56,7 +56,7 @@ from scipy.special import lambertw
 
 from costmodel.flops import total_params
 from costmodel.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-from costmodel.specs import ModelSpec
+from costmodel.specs import FrozenSpec, ModelSpec
 
 HOUR_S = 3600.0
 LLAMA3_HOURS = 54 * 24
@@ -69,11 +69,7 @@ CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
 SNAPSHOT_BYTES_PER_S = 25e9
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class FailureModel(_Frozen):
+class FailureModel(FrozenSpec):
     """Failures that stop a synchronous job: rates per GPU-hour and per node-hour, and the restart cost."""
 
     per_gpu_hour: float = Field(default=GPU_FAILURES_PER_GPU_HOUR, ge=0)
@@ -93,7 +89,7 @@ class FailureModel(_Frozen):
                                        "per_node_hour": self.per_node_hour * factor})
 
 
-class CheckpointPolicy(_Frozen):
+class CheckpointPolicy(FrozenSpec):
     """How the job checkpoints."""
 
     bytes_per_param: float = Field(default=CHECKPOINT_BYTES_PER_PARAM, gt=0)
@@ -106,7 +102,7 @@ class CheckpointPolicy(_Frozen):
     """Per-GPU device-to-host copy rate of an asynchronous snapshot."""
 
 
-class GoodputEstimate(_Frozen):
+class GoodputEstimate(FrozenSpec):
     """Expected goodput of one job under a failure model and a checkpoint policy."""
 
     failure_rate_per_s: float

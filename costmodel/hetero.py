@@ -10,13 +10,12 @@ The estimate is composed from the homogeneous cost model (``estimate_arrays``): 
 its own group's hardware (profile and fabrics from :func:`group_cluster`) with its own degrees and the
 whole pipeline's split, which gives its per-micro-batch time, its gradient-sync + optimizer tail and its
 peak memory; pipeline hops between groups pay the slower of the inter-group link and either side's NIC;
-the schedule (``pipeline.pipeline_time_s``) turns the stage times into the step. A plan that uses one
-group only is scored exactly as ``estimate`` scores it on that group.
+the schedule (``pipeline.pipeline_time_s``) turns the stage times into the step, composed and turned into
+MFU by the same functions as ``estimate`` (``step_time_s``, ``mfu``). A plan that uses one group only is
+scored exactly as ``estimate`` scores it on that group (step time and MFU).
 
-Stage times and peak memory are linear in a stage's dense and MoE layer counts (per stage: a constant for
-the edges and hops, a cost per dense and per MoE layer), so :func:`stage_coefficients` reads them from three
-probe splits, and :func:`optimal_split` finds the layer split that minimises the 1F1B pipeline time
-m*max(t) + (sum(t) - max(t))/vpp exactly, under each stage's memory capacity.
+The layer split of a HeteroPlan comes from costmodel/split.py (``stage_coefficients``, ``optimal_split``:
+the heterogeneous case of the one stage-split solver).
 """
 
 from __future__ import annotations
@@ -26,17 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field, model_validator
 
-from costmodel import comm, pipeline, scale
+from costmodel import comm, pipeline
 from costmodel.compute import gemm_dtype
-from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, RECOMPUTE_CODE, STEP_OVERHEAD_S, PlanArrays, estimate_arrays
-from costmodel.flops import layer_forward_flops
+from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, RECOMPUTE_CODE, PlanArrays, mfu, step_time_s
+from costmodel.flops import layer_forward_flops, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, DeviceGroup, Framework, ModelSpec, ParallelPlan, RecomputeMode, _Frozen
+from costmodel.specs import ClusterSpec, DeviceGroup, Framework, FrozenSpec, ModelSpec, ParallelPlan, RecomputeMode
+from costmodel.split import score_with
 
-SPLIT_BATCH = 32
-"""Thresholds scored together by the split's dynamic programme."""
-SPLIT_MAX_ROUNDS = 16
-"""Batches of thresholds tried above the min-max one before the split is returned as best found."""
 
 
 # Groups ------------------------------------------------------------------------------------------------
@@ -63,7 +59,7 @@ def group_clusters(cluster: ClusterSpec) -> dict[str, ClusterSpec]:
 # The plan ----------------------------------------------------------------------------------------------
 
 
-class HeteroPlan(_Frozen):
+class HeteroPlan(FrozenSpec):
     """A pipeline over device groups: per stage its group, tp, dp and layers; shared knobs."""
 
     stage_groups: tuple[str, ...]
@@ -159,7 +155,7 @@ def _per_group(plan: HeteroPlan, values: tuple[int, ...]) -> str:
     return ", ".join(f"{'/'.join(str(v) for v in sorted(vs))} on {g}" for g, vs in seen.items())
 
 
-class HeteroEstimate(_Frozen):
+class HeteroEstimate(FrozenSpec):
     """Predicted step of a HeteroPlan, per stage and per group."""
 
     step_time_s: float
@@ -228,12 +224,6 @@ def _arrays(cols: dict[str, list], splits) -> PlanArrays:
     return a
 
 
-def _score(model, gcluster, arrays, prof, framework, scorer) -> dict[str, np.ndarray]:
-    if scorer is None:
-        return estimate_arrays(model, gcluster, arrays, profile=prof, framework=framework)
-    return scorer(model, gcluster, arrays, profile=prof, framework=framework)
-
-
 def _crossing_s(model: ModelSpec, cluster: ClusterSpec, gcl: dict[str, ClusterSpec],
                 profs: dict[str, HardwareProfile], p: HeteroPlan, s: int, t: int) -> float:
     """One pipeline hop between stage s and stage t on different groups (one rank pair)."""
@@ -270,20 +260,44 @@ def estimate_hetero(model: ModelSpec, cluster: ClusterSpec, plans: list[HeteroPl
     outs: dict[tuple[str, str], dict] = {}
     for fw in frameworks:
         for g, r in rows.items():
-            outs[(g, fw)] = _score(model, gcl[g], _arrays(r.cols, r.splits), profs[g], fw, scorer)
-    f_dense = layer_forward_flops(model, model.seq_len, model.seq_len, moe=False, causal=False)
-    f_moe = (layer_forward_flops(model, model.seq_len, model.seq_len, moe=True, causal=False)
-             if model.is_moe else f_dense)
-    seq_flops = {"dense": 3.0 * float(f_dense["gemm"] + f_dense["expert"] + f_dense["attn"]),
-                 "moe": 3.0 * float(f_moe["gemm"] + f_moe["expert"] + f_moe["attn"]),
-                 "logits": 3.0 * 2.0 * model.seq_len * model.hidden * model.vocab}
+            outs[(g, fw)] = score_with(scorer, profs[g], fw)(model, gcl[g], _arrays(r.cols, r.splits))
+    seq_flops = _sequence_flops(model)
     result = []
     for i, p in enumerate(plans):
         result.append(_compose(model, cluster, gcl, profs, p, i, rows, outs, seq_flops))
     return result
 
 
+def _sequence_flops(model: ModelSpec) -> dict[str, float]:
+    """Model FLOPs of one sequence (3x forward, attention non-causal, as flops.model_flops_per_step counts
+    them) through a dense layer, an MoE layer, the logits and all multi-token-prediction modules."""
+    s, h = model.seq_len, model.hidden
+    f_dense = layer_forward_flops(model, s, s, moe=False, causal=False)
+    f_moe = layer_forward_flops(model, s, s, moe=True, causal=False) if model.is_moe else f_dense
+    f_mtp = layer_forward_flops(model, s, s, moe=model.moe_layers > 0, causal=False)
+    logits = 2.0 * s * h * model.vocab
+    mtp = model.mtp_layers * (float(f_mtp["gemm"] + f_mtp["expert"] + f_mtp["attn"]) + 2.0 * s * 2 * h * h + logits)
+    return {"dense": 3.0 * float(f_dense["gemm"] + f_dense["expert"] + f_dense["attn"]),
+            "moe": 3.0 * float(f_moe["gemm"] + f_moe["expert"] + f_moe["attn"]),
+            "logits": 3.0 * 2.0 * s * h * model.vocab, "mtp": 3.0 * mtp}
+
+
+def _stage_flops(model: ModelSpec, p: HeteroPlan, seq_flops: dict[str, float]) -> np.ndarray:
+    """Model FLOPs of each stage per step: its layers (dense first for MoE models); the logits and the
+    multi-token-prediction modules on the last stage (megatron-core puts MTP there)."""
+    start = np.cumsum((0,) + p.layers_per_stage[:-1])
+    n_dense = np.clip((model.dense_layers if model.is_moe else model.layers) - start, 0, p.layers_per_stage)
+    n_moe = np.asarray(p.layers_per_stage) - n_dense
+    stage_flops = p.global_batch * (n_dense * seq_flops["dense"] + n_moe * seq_flops["moe"])
+    stage_flops[-1] += p.global_batch * seq_flops["logits"]
+    if model.mtp_layers:
+        stage_flops[-1] += p.global_batch * seq_flops["mtp"]
+    return stage_flops
+
+
 def _compose(model, cluster, gcl, profs, p: HeteroPlan, i: int, rows, outs, seq_flops) -> HeteroEstimate:
+    """One plan's estimate from its groups' scored rows: each stage's time, tail and memory, the exposed
+    extra of hops between groups, the step as compose_step builds it, and the MFU overall and per group."""
     pp = p.pp
     stage_t = np.zeros(pp)
     tail = np.zeros(pp)
@@ -315,16 +329,11 @@ def _compose(model, cluster, gcl, profs, p: HeteroPlan, i: int, rows, outs, seq_
     pipe, fill = pipeline.pipeline_time_s(stage_t[None, :], np.ones((1, pp)), np.array([float(m)]), p.vpp)
     gpus = p.stage_gpus
     used = sum(gpus)
-    # Stragglers, as in estimate_arrays: the slowest of the plan's GPUs sets the pipeline's pace.
+    # The step as estimate_arrays composes it (stragglers: the slowest of the plan's GPUs sets the pace).
     on_gpus = all(profs[g].kind == "gpu" for g in p.stage_groups)
-    strag = float(scale.straggler_fraction(used)) * float(pipe[0]) * on_gpus
-    step = float(pipe[0]) + strag + float(tail.max()) + STEP_OVERHEAD_S
-    # Model FLOPs of each stage: its layers (dense first for MoE models) and the logits on the last stage.
-    start = np.cumsum((0,) + p.layers_per_stage[:-1])
-    n_dense = np.clip((model.dense_layers if model.is_moe else model.layers) - start, 0, p.layers_per_stage)
-    n_moe = np.asarray(p.layers_per_stage) - n_dense
-    stage_flops = p.global_batch * (n_dense * seq_flops["dense"] + n_moe * seq_flops["moe"])
-    stage_flops[-1] += p.global_batch * seq_flops["logits"]
+    step, _ = step_time_s(float(pipe[0]), float(tail.max()), used, on_gpus)
+    step = float(step)
+    stage_flops = _stage_flops(model, p, seq_flops)
     dtype = gemm_dtype(model.precision)
     peak_s = np.array([profs[g].peak(dtype) for g in p.stage_groups])
     groups: dict[str, dict[str, float]] = {}
@@ -334,174 +343,13 @@ def _compose(model, cluster, gcl, profs, p: HeteroPlan, i: int, rows, outs, seq_
         groups[g] = {"gpus_used": float(g_gpus), "gpus_total": float(gcl[g].num_gpus), "stages": float(len(idx)),
                      "layers": float(sum(p.layers_per_stage[s] for s in idx)),
                      "busy_fraction": float(m * stage_t[idx].mean() / step),
-                     "mfu": float(stage_flops[idx].sum() / (step * g_gpus * profs[g].peak(dtype)))}
-    flops = float(stage_flops.sum())
+                     "mfu": float(mfu(stage_flops[idx].sum(), step, g_gpus, profs[g].peak(dtype)))}
+    # MFU as estimate_arrays computes it, over the GPUs' mean peak (one GPU type: its peak).
+    peak_mean = float(peak_s[0]) if (peak_s == peak_s[0]).all() else float(np.dot(gpus, peak_s)) / used
+    plan_mfu = float(mfu(float(model_flops_per_step(model, p.global_batch)), step, used, peak_mean))
     return HeteroEstimate(
         step_time_s=step, pipeline_s=float(pipe[0]), bubble_s=float(fill[0]), tail_s=float(tail.max()),
         inter_group_s=float(extra.max()), stage_time_s=tuple(float(x) for x in stage_t),
         peak_memory_bytes=tuple(float(x) for x in peak), memory_capacity_bytes=tuple(float(x) for x in cap),
         fits=bool((peak <= cap).all()), tokens_per_s_per_gpu=p.global_batch * model.seq_len / (step * used),
-        mfu=flops / (step * float(np.dot(gpus, peak_s))), groups=groups)
-
-
-# Linear stage costs and the exact split -------------------------------------------------------------------
-
-
-def stage_coefficients(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, *, profile=None,
-                       framework: str = "megatron-core", scorer=None) -> dict[str, np.ndarray]:
-    """Per-stage linear costs of every plan row (stage_layers ignored), each (n, max pp):
-
-    ``time0`` / ``mem0``: stage time and peak memory with no layers; ``time_dense`` / ``time_moe`` and
-    ``mem_dense`` / ``mem_moe``: what one dense / MoE layer adds; and ``capacity`` (n,). Read from
-    ``estimate_arrays`` on three probe splits (no layers, one dense layer, one MoE layer on every stage).
-    """
-    prof = profile or load_profile(cluster.gpu)
-    width = int(plans.pp.max())
-    pp = plans.pp.astype(int)
-    on = (np.arange(width)[None, :] < pp[:, None]).astype(float)
-
-    def probe(mdl, layers):
-        a = PlanArrays(**{k: v for k, v in plans.__dict__.items() if k != "stage_layers"},
-                       stage_layers=layers * on)
-        return _score(mdl, cluster, a, prof, framework, scorer)
-
-    zero = probe(model, 0.0)
-    dense_model = model.model_copy(update={"dense_layers": model.layers}) if model.is_moe else model
-    one_d = probe(dense_model, 1.0)
-    one_m = probe(model.model_copy(update={"dense_layers": 0}), 1.0) if model.is_moe else one_d
-    t0, m0 = zero["stage_time_s"], zero["peak_memory_bytes"]
-    return {"time0": t0, "time_dense": one_d["stage_time_s"] - t0, "time_moe": one_m["stage_time_s"] - t0,
-            "mem0": m0, "mem_dense": one_d["peak_memory_bytes"] - m0, "mem_moe": one_m["peak_memory_bytes"] - m0,
-            "capacity": zero["memory_capacity_bytes"]}
-
-
-@dataclass(frozen=True)
-class Split:
-    layers_per_stage: tuple[int, ...]
-    pipeline_s: float
-    """m*max(t) + (sum(t) - max(t))/vpp of the split, from the linear stage costs."""
-    fits: bool
-    """Every stage within its capacity (False: no split fits, this is the fastest ignoring memory)."""
-    exact: bool
-    """False when the threshold search stopped at SPLIT_MAX_ROUNDS before proving optimality."""
-
-
-def _interval_costs(a, b_dense, b_moe, layers: int, dense_layers: int) -> np.ndarray:
-    """cost[s, u, v] = a_s + (layers u..v-1 of stage s), inf for v < u."""
-    j = np.arange(layers + 1)
-    nd = np.minimum(j, dense_layers)
-    prefix = np.asarray(b_dense)[:, None] * nd[None, :] + np.asarray(b_moe)[:, None] * (j - nd)[None, :]
-    c = np.asarray(a)[:, None, None] + prefix[:, None, :] - prefix[:, :, None]
-    return np.where(j[None, None, :] >= j[None, :, None], c, np.inf)
-
-
-def _count_ok(pp: int, layers: int) -> np.ndarray:
-    """Allowed (stage, u, v): middle stages hold >= 1 layer, the edge stages >= 0, pp = 1 all layers."""
-    j = np.arange(layers + 1)
-    n = j[None, :] - j[:, None]
-    ok = np.zeros((pp, layers + 1, layers + 1), bool)
-    for s in range(pp):
-        if pp == 1:
-            ok[s] = (n == layers)
-        elif s in (0, pp - 1):
-            ok[s] = n >= 0
-        else:
-            ok[s] = n >= 1
-    ok[0, 1:, :] = False                    # the first stage starts at layer 0
-    ok[pp - 1, :, :layers] = False          # the last stage ends at the last layer
-    return ok
-
-
-def _min_sum(cost: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """Least sum of stage costs with every stage <= threshold, for each threshold. Shape (nT,)."""
-    pp, L1, _ = cost.shape
-    T = np.asarray(thresholds, dtype=float)[:, None, None]
-    F = np.full((len(T), L1), np.inf)
-    F[:, 0] = 0.0
-    for s in range(pp):
-        c = np.where(cost[s][None] <= T, cost[s][None], np.inf)
-        F = np.min(F[:, :, None] + c, axis=1)
-    return F[:, -1]
-
-
-def _min_max(cost: np.ndarray) -> float:
-    """Least achievable largest stage cost (inf when no split is allowed)."""
-    pp, L1, _ = cost.shape
-    F = np.full(L1, np.inf)
-    F[0] = -np.inf
-    for s in range(pp):
-        F = np.min(np.maximum(F[:, None], cost[s]), axis=0)
-    return float(F[-1])
-
-
-def _reconstruct(cost: np.ndarray, threshold: float) -> tuple[int, ...]:
-    pp, L1, _ = cost.shape
-    c = np.where(cost <= threshold, cost, np.inf)
-    F = np.full((pp + 1, L1), np.inf)
-    F[0, 0] = 0.0
-    arg = np.zeros((pp, L1), dtype=int)
-    for s in range(pp):
-        tot = F[s][:, None] + c[s]
-        arg[s] = np.argmin(tot, axis=0)
-        F[s + 1] = tot[arg[s], np.arange(L1)]
-    split, v = [], L1 - 1
-    for s in range(pp - 1, -1, -1):
-        u = int(arg[s, v])
-        split.append(v - u)
-        v = u
-    return tuple(reversed(split))
-
-
-def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacity, *, layers: int,
-                  dense_layers: int, microbatches: int, vpp: int = 1) -> Split:
-    """The split of ``layers`` (the first ``dense_layers`` dense) over the stages that minimises
-    m*max(t) + (sum(t) - max(t))/vpp with linear stage costs t_s = time0_s + time_dense_s*n_dense +
-    time_moe_s*n_moe, every stage's memory mem0_s + mem_dense_s*n_dense + mem_moe_s*n_moe <= capacity_s
-    (scalar or per stage), the middle stages non-empty.
-
-    Exact: with alpha = m - 1/vpp and beta = 1/vpp the optimum is min over thresholds T of
-    alpha*T + beta*S(T), S(T) the least sum of stage costs with every stage <= T (a dynamic programme over
-    (stage, layers used)); T ranges over the stage costs any interval can take, from the smallest feasible
-    one up to where alpha*T + beta*S(no threshold) cannot beat the best found.
-    """
-    pp = len(time0)
-    if layers < max(pp - 2, 0) or (pp == 1 and layers < 1):
-        raise ValueError(f"no split: {layers} layers cannot fill the {max(pp - 2, 1)} stage(s) that must hold one")
-    cost = _interval_costs(time0, time_dense, time_moe, layers, dense_layers)
-    mem = _interval_costs(mem0, mem_dense, mem_moe, layers, dense_layers)
-    cap = np.broadcast_to(np.asarray(capacity, dtype=float), (pp,))
-    count_ok = _count_ok(pp, layers)
-    fits = True
-    allowed = count_ok & (mem <= cap[:, None, None])
-    if not np.isfinite(_min_sum(np.where(allowed, cost, np.inf), np.array([np.inf]))[0]):
-        fits, allowed = False, count_ok
-    cost = np.where(allowed, cost, np.inf)
-    alpha, beta = microbatches - 1.0 / vpp, 1.0 / vpp
-    t_star = _min_max(cost)
-    s_star, s_free = _min_sum(cost, np.array([t_star, np.inf]))
-    best_val, best_t, exact = alpha * t_star + beta * s_star, t_star, True
-    # Thresholds that could still win: alpha*T + beta*s_free < best_val.
-    finite = cost[np.isfinite(cost)]
-    cand = np.unique(finite[(finite > t_star) & (alpha * finite + beta * s_free < best_val)])
-    for rounds, k in enumerate(range(0, len(cand), SPLIT_BATCH)):
-        ts = cand[k: k + SPLIT_BATCH]
-        ts = ts[alpha * ts + beta * s_free < best_val]
-        if not len(ts):
-            break
-        if rounds == SPLIT_MAX_ROUNDS:
-            exact = False
-            break
-        vals = alpha * ts + beta * _min_sum(cost, ts)
-        j = int(np.argmin(vals))
-        if vals[j] < best_val:
-            best_val, best_t = float(vals[j]), float(ts[j])
-    split = _reconstruct(cost, best_t)
-    t = np.array([time0[s] + _layer_sum(time_dense[s], time_moe[s], split, s, dense_layers) for s in range(pp)])
-    pipe = microbatches * t.max() + (t.sum() - t.max()) / vpp
-    return Split(split, float(pipe), fits, exact)
-
-
-def _layer_sum(b_dense: float, b_moe: float, split: tuple[int, ...], s: int, dense_layers: int) -> float:
-    u = sum(split[:s])
-    nd = min(max(dense_layers - u, 0), split[s])
-    return b_dense * nd + b_moe * (split[s] - nd)
+        mfu=plan_mfu, groups=groups)

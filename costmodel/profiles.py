@@ -6,6 +6,7 @@ a source id that the profile's ``sources`` table resolves to a citation.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -14,7 +15,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.specs import ClusterSpec
+from costmodel.specs import ClusterSpec, FrozenSpec
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
@@ -28,11 +29,7 @@ class InputError(ValueError):
     """Bad user input: one line naming the file and field, and what would be valid."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Sourced(_Frozen):
+class Sourced(FrozenSpec):
     """A number with the id of its source."""
 
     value: float = Field(allow_inf_nan=False)
@@ -41,7 +38,7 @@ class Sourced(_Frozen):
     """Key into the profile's sources table."""
 
 
-class BusBwCurve(_Frozen):
+class BusBwCurve(FrozenSpec):
     """Measured bus bandwidth (nccl-tests definition) against message size."""
 
     collective: Collective
@@ -63,7 +60,7 @@ class BusBwCurve(_Frozen):
         return self
 
 
-class GemmPoint(_Frozen):
+class GemmPoint(FrozenSpec):
     """One measured GEMM shape (written by ``plan profile``)."""
 
     dtype: DType
@@ -78,7 +75,7 @@ class GemmPoint(_Frozen):
     """Key into the sources table."""
 
 
-class Calibration(_Frozen):
+class Calibration(FrozenSpec):
     """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
 
     gemm_efficiency: float = Field(default=1.0, gt=0)
@@ -106,7 +103,7 @@ class Calibration(_Frozen):
     """Script and data that produced these factors."""
 
 
-class HardwareProfile(_Frozen):
+class HardwareProfile(FrozenSpec):
     """One GPU type as the cost model sees it."""
 
     name: str
@@ -279,6 +276,16 @@ def parse_yaml(text: str, path: str | Path):
     except (ValueError, OverflowError, RecursionError) as exc:   # e.g. a timestamp out of range
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"{path}: malformed YAML ({why})") from None
+
+
+def parse_json(text: str, path: str | Path):
+    """JSON text of ``path``, or a one-line InputError with the line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
 
 
 def _read_yaml(path: Path) -> dict:

@@ -10,7 +10,7 @@ factors as the runs determine and leaves the rest at the profile's values:
   values (``costmodel.fit.fit_calibration`` with ``center``), so the update shrinks towards the profile
   and not towards the un-fitted defaults.
 
-How the schemes compare was measured with :func:`one_run_calibration_cv` on data/validation/published_runs.csv
+How the schemes compare was measured with costmodel/crossval.py :func:`one_run_calibration_cv` on data/validation/published_runs.csv
 (README, "Calibrate the model to your cluster"). Pure: specs in, numbers out; no files.
 """
 
@@ -116,108 +116,3 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
               "sensitivity": {n: round(v, 4) for n, v in sorted(sens.items(), key=lambda kv: -kv[1])},
               "mape_before": ape(before), "mape_after": ape(after)}
     return cal, report
-
-
-def _ape(pred: float, pub: float) -> float:
-    return abs(pred - pub) / pub * 100.0
-
-
-def _stats(errs: list[float]) -> dict:
-    if not errs:
-        return {"count": 0, "mape": None, "median_ape": None}
-    e = np.array(errs)
-    return {"count": len(errs), "mape": round(float(e.mean()), 2), "median_ape": round(float(np.median(e)), 2)}
-
-
-def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | None = None) -> dict:
-    """One-run calibration scored on published runs (``costmodel.validate.Case`` rows).
-
-    same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
-    (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
-    other_models: in every (source, GPU) group with two or more models, each model's first row in turn
-    calibrates the base profile, which predicts the rows of the group's other models.
-    Each figure comes with the same rows' error before calibration, and per-group details.
-    """
-    from costmodel.validate import measurements_for, predict_case
-
-    profiles = profiles or {}
-    base_cache: dict[str, HardwareProfile] = {}
-
-    def base(gpu: str) -> HardwareProfile:
-        if gpu not in base_cache:
-            base_cache[gpu] = profiles.get(gpu) or load_profile(gpu)
-        return base_cache[gpu]
-
-    pred_cache: dict[tuple[int, int], float] = {}
-
-    def pred(case, prof: HardwareProfile) -> float:
-        key = (case.row, id(prof))
-        if key not in pred_cache:
-            pred_cache[key] = predict_case(case, prof)["predicted_step_time_s"]
-        return pred_cache[key]
-
-    fitted: dict[int, HardwareProfile] = {}
-
-    def calibrated(anchor) -> HardwareProfile:
-        if anchor.row not in fitted:
-            prof = base(anchor.gpu_type)
-            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: prof}), prof,
-                                 fitted_by=f"one-run calibration on row {anchor.row}")
-            fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
-        return fitted[anchor.row]
-
-    by_model: dict[tuple, list] = {}
-    by_stack: dict[tuple, list] = {}
-    for c in cases:
-        by_model.setdefault((c.source_id, c.gpu_type, c.model.name), []).append(c)
-        by_stack.setdefault((c.source_id, c.gpu_type), []).append(c)
-
-    def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
-        """(anchor, target) pairs -> errors after and before calibration."""
-        after = [_ape(pred(t, calibrated(a)), t.published_step_time_s) for a, t in pairs]
-        before = [_ape(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
-        return after, before
-
-    same_after, same_before, same_groups = [], [], []
-    for (src, gpu, model), rows in by_model.items():
-        if len(rows) < 2:
-            continue
-        after, before = score([(rows[0], t) for t in rows[1:]])
-        same_after += after
-        same_before += before
-        same_groups.append({"source_id": src, "gpu_type": gpu, "model": model, "anchor_row": rows[0].row,
-                            "after": _stats(after), "before": _stats(before)})
-    other_after, other_before, other_groups = [], [], []
-    for (src, gpu), rows in by_stack.items():
-        firsts = {}
-        for c in rows:
-            firsts.setdefault(c.model.name, c)
-        if len(firsts) < 2:
-            continue
-        pairs = [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name]
-        after, before = score(pairs)
-        other_after += after
-        other_before += before
-        other_groups.append({"source_id": src, "gpu_type": gpu, "models": len(firsts),
-                             "anchor_rows": [a.row for a in firsts.values()],
-                             "after": _stats(after), "before": _stats(before)})
-    return {"scheme": SCHEME,
-            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
-                           "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
-            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
-                             "ape": [round(x, 3) for x in other_after],
-                             "ape_before": [round(x, 3) for x in other_before]}}
-
-
-SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"
-
-
-def pool_one_run(results: list[dict]) -> dict:
-    """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
-    groups listed together, raw errors dropped."""
-    out: dict = {"scheme": SCHEME}
-    for key in ("same_model", "other_models"):
-        after = [x for r in results for x in r[key]["ape"]]
-        before = [x for r in results for x in r[key]["ape_before"]]
-        out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}
-    return out

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import estimate_arrays
+from costmodel.plan import PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec
 
 PLACEMENTS = ("contiguous", "lpt")

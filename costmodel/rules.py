@@ -54,7 +54,8 @@ from typing import Any
 import numpy as np
 
 from costmodel.profiles import InputError
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan, num_microbatches
+from costmodel.specs import ModelSpec
 
 __all__ = [
     "PlanError",
@@ -157,7 +158,7 @@ class _Cols:
     @property
     def num_microbatches(self) -> Any:
         """Megatron's micro-batches per step, as ParallelPlan.num_microbatches computes it."""
-        return np.maximum(1, self.global_batch // (self.dp * self.micro_batch))
+        return num_microbatches(self.global_batch, self.dp, self.micro_batch)
 
     @property
     def sp_active(self) -> Any:

@@ -38,7 +38,8 @@ from pydantic import ValidationError
 
 from costmodel.fit import Measurement
 from costmodel.profiles import InputError, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan, data_parallel
+from costmodel.specs import ClusterSpec, ModelSpec
 
 _BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 _END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -266,7 +267,7 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
         if world is None:
             raise InputError(f"{a.source}: field 'world_size' is not in the log's argument dump (nor "
                              f"data_parallel_size); the GPU count is needed")
-        dp = world // (tp * pp * cp)
+        dp = data_parallel(world, tp, pp, cp)
     world = world or tp * pp * cp * dp
     gran = a.get("recompute_granularity")
     recompute, layers = "none", None

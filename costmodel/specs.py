@@ -1,4 +1,4 @@
-"""Specs shared by every room of the house: model, cluster, parallel plan and the estimates.
+"""Specs shared by every room of the house: model, cluster and the estimates (the plan: costmodel/plan.py).
 
 All specs are frozen pydantic v2 models. Units are in the field names (``_bytes``, ``_s``,
 ``_bytes_per_s``, ``_flops``); degrees are named ``tp pp vpp dp cp ep etp`` as in Megatron.
@@ -91,11 +91,13 @@ def _domain_ok(domain: int | None, gpus_per_node: int, num_gpus: int, where: str
         raise ValueError(f"{where}nvlink_domain_gpus={domain} exceeds the cluster's {num_gpus} GPUs")
 
 
-class _Frozen(BaseModel):
+class FrozenSpec(BaseModel):
+    """Base of every spec: immutable, and unknown fields are errors."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class RopeScaling(_Frozen):
+class RopeScaling(FrozenSpec):
     """Rotary-embedding frequency scaling, as a Hugging Face config's ``rope_scaling`` states it."""
 
     type: Literal["yarn", "llama3", "linear"]
@@ -118,7 +120,7 @@ class RopeScaling(_Frozen):
     """llama3: high-frequency wavelength factor."""
 
 
-class ModelSpec(_Frozen):
+class ModelSpec(FrozenSpec):
     """A decoder-only transformer (GPT / Llama / MoE family) as Megatron builds it.
 
     The architectural facts below the shape (positions, normalisation, activation, biases, router) change
@@ -300,7 +302,7 @@ class ModelSpec(_Frozen):
         return self.moe_ffn_hidden or self.ffn_hidden
 
 
-class InterNodeFabric(_Frozen):
+class InterNodeFabric(FrozenSpec):
     """The scale-out network between NVLink domains."""
 
     name: str = "InfiniBand NDR"
@@ -315,7 +317,7 @@ class InterNodeFabric(_Frozen):
     """Core oversubscription of the fat tree (1.0 = full bisection)."""
 
 
-class IntraNodeFabric(_Frozen):
+class IntraNodeFabric(FrozenSpec):
     """The scale-up fabric inside one NVLink domain."""
 
     name: str = "NVLink"
@@ -324,7 +326,7 @@ class IntraNodeFabric(_Frozen):
     """Unidirectional bandwidth per GPU; None takes the GPU profile's NVLink figure."""
 
 
-class DeviceGroup(_Frozen):
+class DeviceGroup(FrozenSpec):
     """One homogeneous part of a heterogeneous cluster."""
 
     name: str
@@ -354,7 +356,7 @@ class DeviceGroup(_Frozen):
         return self.nodes * self.gpus_per_node
 
 
-class InterGroupLink(_Frozen):
+class InterGroupLink(FrozenSpec):
     """What joins the device groups of a heterogeneous cluster (pipeline hops between groups cross it)."""
 
     name: str = "inter-group link"
@@ -380,7 +382,7 @@ class InterGroupLink(_Frozen):
         return data
 
 
-class ClusterSpec(_Frozen):
+class ClusterSpec(FrozenSpec):
     """A training cluster: how many GPUs of which profile, joined by which fabrics."""
 
     name: str = "cluster"
@@ -452,62 +454,7 @@ class ClusterSpec(_Frozen):
         return self.nvlink_domain_gpus or self.gpus_per_node
 
 
-class ParallelPlan(_Frozen):
-    """One Megatron-style parallel layout and its training knobs."""
-
-    tp: Count = 1
-    """Tensor-parallel degree."""
-    pp: Count = 1
-    """Pipeline-parallel degree (stages)."""
-    vpp: Count = 1
-    """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
-    dp: Count = 1
-    """Data-parallel degree."""
-    cp: Count = 1
-    """Context-parallel degree (sequence split across ranks for attention)."""
-    ep: Count = 1
-    """Expert-parallel degree (MoE layers)."""
-    etp: Count = 1
-    """Expert tensor-parallel degree (MoE layers)."""
-    sequence_parallel: bool = True
-    """Megatron sequence parallelism with tp (all-gather / reduce-scatter instead of all-reduce)."""
-    micro_batch: Count = 1
-    """Micro-batch size (sequences per micro-batch per dp rank)."""
-    global_batch: Count
-    """Global batch size (sequences per optimizer step)."""
-    recompute: RecomputeMode = "selective"
-    """Activation recomputation: none, selective (attention core), full (whole layers)."""
-    recompute_layers: Count0 | None = None
-    """With full recompute: layers per stage recomputed (None = all)."""
-    distributed_optimizer: bool = True
-    """Megatron distributed optimizer (ZeRO-1 style optimizer-state sharding over dp x cp)."""
-    zero_stage: Literal[0, 1, 2, 3] = 1
-    """ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)."""
-    layers_per_stage: tuple[int, ...] | None = None
-    """Transformer layers on each pipeline stage (uneven splits); None = even split."""
-    rank_order: str = "tp-cp-ep-dp-pp"
-    """Order of degrees in the rank layout, innermost first (Megatron's default)."""
-    framework: Framework = "megatron-core"
-    """Which framework generation runs the plan (sets overlap behaviour)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ParallelPlan:
-        if self.layers_per_stage is not None and len(self.layers_per_stage) != self.pp:
-            raise ValueError(
-                f"layers_per_stage has {len(self.layers_per_stage)} entries but pp={self.pp}"
-            )
-        return self
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
-    def num_microbatches(self) -> int:
-        return max(1, self.global_batch // (self.dp * self.micro_batch))
-
-
-class StepEstimate(_Frozen):
+class StepEstimate(FrozenSpec):
     """Predicted step of one plan: time, its breakdown, throughput and memory."""
 
     step_time_s: float
@@ -534,3 +481,13 @@ class StepEstimate(_Frozen):
     """Whether every stage's peak fits the GPU."""
     memory_breakdown_bytes: dict[str, float]
     """Peak-stage memory per component (weights, grads, optimizer, activations, buffers)."""
+
+
+
+def __getattr__(name: str):
+    # Transitional while the house moves to costmodel.plan (issue 15); removed once no caller imports it here.
+    if name == "ParallelPlan":
+        from costmodel.plan import ParallelPlan
+
+        return ParallelPlan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,9 @@
 """Scoring the cost model against published training runs (``plan validate``).
 
 Reads any CSV with the columns of ``data/validation/published_runs.csv``; every ``scored=true`` row
-is turned into (model, cluster, plan, framework) and predicted. Fields the source did not publish are
-filled the way the row's framework fills them by default, and each row says what was assumed.
+is turned into (model, cluster, plan, framework: the ``framework`` column) and predicted. Fields the
+source did not publish are filled the way the row's framework fills them by default, and each row says
+what was assumed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from costmodel.catalog import catalog
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
-from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
+from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch", "scored", "step_time_s")
@@ -30,9 +32,6 @@ REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq
 _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
-# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
-_OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
-                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
 
 
@@ -68,7 +67,30 @@ def _int(v: str) -> int | None:
     return None if x is None else int(round(x))
 
 
-def framework_of(row: dict) -> str:
+# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
+_OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
+                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
+
+
+def framework_of(row: dict, assumed: list[str]) -> str:
+    """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
+    megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column (the schema of
+    data/validation/published_runs.csv before it had one), gets the framework its notes name
+    (:func:`framework_from_notes`), and the row says so."""
+    fw = (row.get("framework") or "").strip().lower()
+    if fw == "":
+        fw = framework_from_notes(row)
+        assumed.append(f"framework={fw} (from the row's notes and source)")
+        return fw
+    if fw not in FRAMEWORK:
+        raise ValueError(f"column 'framework': expected one of {', '.join(FRAMEWORK)}, got {fw!r}")
+    return fw
+
+
+def framework_from_notes(row: dict) -> str:
+    """The framework a row's notes, model name, sharding and source id name: Paxml; a non-Megatron stack
+    (_OTHER_STACKS) when neither Megatron nor NeMo is named; Megatron-LM 2020 (the README tables) or 2021 (the
+    Narayanan et al. and Korthikanti et al. papers); otherwise megatron-core."""
     text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
     if "paxml" in text:
         return "paxml"
@@ -167,7 +189,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     tp, pp = _int(row["tp"]), _int(row["pp"])
     cp = _int(row.get("cp", "")) or 1
     num_gpus = _int(row["num_gpus"])
-    dp = _int(row.get("dp", "")) or max(1, num_gpus // (tp * pp * cp))
+    dp = _int(row.get("dp", "")) or data_parallel(num_gpus, tp, pp, cp)
     gbs = _int(row["global_batch"])
     vp = _int(row.get("vp", ""))
     if vp is None:
@@ -289,7 +311,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
         assumed: list[str] = []
         try:
             _check_numbers(row)
-            framework = framework_of(row)
+            framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
             cluster = row_cluster(row, profile)
@@ -369,7 +391,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     }
 
 
-def _ape(pred: float, pub: float) -> float:
+def abs_percent_error(pred: float, pub: float) -> float:
+    """|predicted - published| / published, in percent."""
     return abs(pred - pub) / pub * 100.0
 
 
@@ -410,7 +433,7 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                      "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": c.published_step_time_s,
                      "error": None if ok else "non-finite prediction",
-                     "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s) if ok else None})
+                     "ape": abs_percent_error(pred["predicted_step_time_s"], c.published_step_time_s) if ok else None})
     for e in errors:
         rows.append({**e, "predicted_step_time_s": None, "predicted_peak_memory_bytes": None, "fits": None,
                      "ape": None})
@@ -564,97 +587,8 @@ def release_of(source_id: str, notes: str) -> str:
 # Cross-validation schemes: which cases a fold holds out. "source": one source at a time; "release": one
 # software release at a time inside the sources that span several (Megatron-Bridge's archive: 25.09-26.06);
 # "gpu": one GPU type at a time (its factors then come from its generation or the shared level).
-SCHEMES = ("source", "release", "gpu")
-
-
-def fold_keys(cases: list[Case], scheme: str) -> list[str]:
-    if scheme == "source":
-        return sorted({c.source_id for c in cases})
-    if scheme == "gpu":
-        return sorted({c.cluster.gpu for c in cases})
-    if scheme == "release":
-        by_src: dict[str, set[str]] = {}
-        for c in cases:
-            by_src.setdefault(c.source_id, set()).add(c.release)
-        return sorted({f"{c.source_id}@{c.release}" for c in cases if c.release and len(by_src[c.source_id]) > 1})
-    raise ValueError(f"unknown cross-validation scheme {scheme!r}; valid: {', '.join(SCHEMES)}")
-
-
-def held_out(case: Case, scheme: str, key: str) -> bool:
-    if scheme == "source":
-        return case.source_id == key
-    if scheme == "gpu":
-        return case.cluster.gpu == key
-    return f"{case.source_id}@{case.release}" == key
-
-
 def case_features(c: Case) -> dict:
     """What a row is, for error tables, interval classes and support: GPU, scale, sharding and regime."""
     return {"num_gpus": c.plan.tp * c.plan.pp * c.plan.dp * c.plan.cp, "moe": c.model.is_moe,
             "zero_stage": c.plan.zero_stage, "pp": c.plan.pp, "cp": c.plan.cp, "ep": c.plan.ep,
             "precision": c.model.precision, "release": c.release}
-
-
-def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tuple[dict, list]:
-    cases, _ = load_cases(path)
-    profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {scheme} {key}",
-                               exclude=lambda c: held_out(c, scheme, key), **(options or {}))
-    rows = []
-    for c in (c for c in cases if held_out(c, scheme, key)):
-        pred = predict_case(c, profiles[c.cluster.gpu])
-        rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type, "model_name": c.model.name,
-                     **case_features(c), "fold": key, **interval_fields(c, pred["plan"], pred["predicted_step_time_s"]),
-                     "predicted_step_time_s": pred["predicted_step_time_s"],
-                     "published_step_time_s": c.published_step_time_s, "fits": pred["fits"], "error": None,
-                     "ape": _ape(pred["predicted_step_time_s"], c.published_step_time_s)})
-    out = {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}
-    if scheme == "source":   # one-run calibration inside the held-out source, from the profiles fitted without it
-        from costmodel.recalibrate import one_run_calibration_cv
-
-        out["one_run_calibration"] = one_run_calibration_cv([c for c in cases if held_out(c, scheme, key)], profiles)
-    return out, rows
-
-
-def cross_validate(path: str | Path, progress=None, workers: int | None = None,
-                   schemes: tuple[str, ...] = SCHEMES, options: dict | None = None) -> dict:
-    """Grouped cross-validation: for each scheme, refit every profile without a group, predict the group.
-
-    Returns {"schemes": {scheme: {"folds": [...], "summary": {...}, "rows": [...]}}, and, for the first
-    scheme, "folds" and "summary" at the top level (leave-one-source-out by default). Folds run in parallel
-    processes (one per core by default); ``progress(label, done, total)`` is called at the start and as each
-    fold ends."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    cases, errors = load_cases(path)
-    jobs = [(scheme, key) for scheme in schemes for key in fold_keys(cases, scheme)]
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    results: dict[tuple[str, str], tuple[dict, list]] = {}
-    if progress:
-        progress("starting", 0, len(jobs))
-    if workers <= 1:
-        for job in jobs:
-            results[job] = _fold(str(path), *job, options)
-            if progress:
-                progress(f"left out {job[0]} {job[1]}", len(results), len(jobs))
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_fold, str(path), *job, options): job for job in jobs}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                if progress:
-                    progress(f"left out {futures[fut][0]} {futures[fut][1]}", len(results), len(jobs))
-    out: dict = {"schemes": {}}
-    for scheme in schemes:
-        keys = [k for s_, k in jobs if s_ == scheme]
-        rows = [r for k in keys for r in results[(scheme, k)][1]]
-        summary = summarize(rows + ([{**e, "ape": None} for e in errors] if scheme == "source" else []))
-        out["schemes"][scheme] = {"folds": [results[(scheme, k)][0] for k in keys], "summary": summary,
-                                  "rows": sorted(rows, key=lambda r: r["row"])}
-    if "source" in out["schemes"]:
-        from costmodel.recalibrate import pool_one_run
-
-        out["one_run_calibration"] = pool_one_run([f.pop("one_run_calibration")
-                                                   for f in out["schemes"]["source"]["folds"]])
-    first = out["schemes"][schemes[0]]
-    out["folds"], out["summary"] = first["folds"], first["summary"]
-    return out

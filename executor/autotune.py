@@ -3,7 +3,9 @@ and launch the best measured plan for the full run.
 
     plan autotune --model tiny-gpt --cluster cpu.yaml --trial-steps 4 --top-k 4 --steps 50
 
-This is the one place that uses both the planner and the executor (the planner never imports the executor).
+The executor never imports the planner: the command that wires this up passes in the planner's ranking as
+``rank_plans`` (as the cost function is passed into the search), and this module runs, measures and
+calibrates the plans it yields.
 """
 
 from __future__ import annotations
@@ -11,17 +13,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from costmodel.estimate import estimate, estimate_arrays
+from costmodel.estimate import estimate
 from costmodel.fit import Measurement, host_factors, relevant_factors
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import HardwareProfile, InputError, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
-from executor.calibrate import calibrate, plan_label
+from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.plan import plan_label
+from executor.calibrate import calibrate
 from executor.launch import launch, preflight
-from planner.search import exhaustive
+
+# The planner's ranking under a hardware profile: the plans that fit, fastest predicted first, each with its
+# predicted step time in seconds. Called once for the candidates and once to re-plan after calibration.
+RankPlans = Callable[[HardwareProfile], Iterable[tuple[ParallelPlan, float]]]
 
 # A re-planned plan that was not tried is run as an extra trial when the calibrated model predicts it at
 # least this much faster than the best measured trial.
@@ -47,22 +54,16 @@ class AutotuneResult:
     final: dict = field(default_factory=dict)
 
 
-def ranked_runnable(model: ModelSpec, cluster: ClusterSpec, global_batch: int, profile: HardwareProfile,
+def ranked_runnable(rank_plans: RankPlans, model: ModelSpec, profile: HardwareProfile,
                     limit: int) -> list[tuple[ParallelPlan, float]]:
     """The best plans that fit and that the executor can run here, with their predicted step times."""
-    res = exhaustive(model, cluster, global_batch,
-                     lambda m, c, p: estimate_arrays(m, c, p, profile=profile))
     out = []
-    for rank in range(len(res.order)):
-        i = int(res.order[rank])
-        if not res.scores["fits"][i]:
-            break
-        plan = res.split_plan(rank)
+    for plan, predicted_s in rank_plans(profile):
         try:
             preflight(model, plan)
         except InputError:
             continue
-        out.append((plan, float(res.scores["step_time_s"][i])))
+        out.append((plan, float(predicted_s)))
         if len(out) >= limit:
             break
     return out
@@ -82,16 +83,19 @@ def _measured(summary: dict) -> float:
     return float(summary["step_time_s"])
 
 
-def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, run_dir: str | Path,
-             trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str | None = None,
+def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, rank_plans: RankPlans,
+             run_dir: str | Path, trial_steps: int = 4, top_k: int = 4, steps: int = 20, dtype: str | None = None,
              profile: HardwareProfile | None = None, data: str | None = None,
              say: Callable[[str], None] = print, trial_timeout_s: float | None = 900.0) -> AutotuneResult:
-    """Plan -> trial runs -> calibrate -> re-plan -> full launch of the best measured plan."""
+    """Plan -> trial runs -> calibrate -> re-plan -> full launch of the best measured plan.
+
+    ``rank_plans(profile)`` is the planner's ranking of the plans of ``model`` on ``cluster`` at ``global_batch``
+    (see RankPlans); the global batch is only quoted in errors here."""
     if trial_steps < 2:
         raise InputError(f"--trial-steps {trial_steps}: need at least 2 (the first step is warm-up)")
     prof = profile or load_profile(cluster.gpu)
     root = Path(run_dir)
-    candidates = ranked_runnable(model, cluster, global_batch, prof, top_k)
+    candidates = ranked_runnable(rank_plans, model, prof, top_k)
     if not candidates:
         raise InputError(f"{cluster.name}: no plan of {model.name} fits and runs here (global batch {global_batch})")
     trials: list[Trial] = []
@@ -124,7 +128,7 @@ def autotune(model: ModelSpec, cluster: ClusterSpec, *, global_batch: int, run_d
 
     # Re-plan with the calibrated profile; try its best plan if it is new and promising.
     best_measured = min(ok, key=lambda t: t.measured_s)
-    replanned = ranked_runnable(model, cluster, global_batch, fitted, 1)
+    replanned = ranked_runnable(rank_plans, model, fitted, 1)
     tried = {t.plan for t in trials}
     if replanned and replanned[0][0] not in tried and replanned[0][1] < best_measured.measured_s * (1 - RETRY_GAIN):
         say("re-planned best is new:")

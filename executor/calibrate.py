@@ -25,10 +25,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from costmodel.files import write_file_atomic
 from costmodel.fit import Measurement, fit_calibration, host_factors, predict
+from costmodel.plan import ParallelPlan, plan_label
 from costmodel.profiles import Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu
 from costmodel.recalibrate import recalibrate
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 
 def _run_dir(path: Path) -> Path:
     return path if path.is_dir() else path.parent
@@ -141,14 +143,6 @@ def calibrate(measurements: list[Measurement], profile: HardwareProfile, *, fact
     return fitted, report
 
 
-def plan_label(plan: ParallelPlan) -> str:
-    """A plan in one short line: degrees, micro-batch, recompute."""
-    s = f"tp{plan.tp} pp{plan.pp}"
-    s += f" vpp{plan.vpp}" if plan.vpp > 1 else ""
-    s += f" dp{plan.dp}" + (f" ep{plan.ep}" if plan.ep > 1 else "")
-    return s + f" mb{plan.micro_batch} {plan.recompute}"
-
-
 def write_calibrated_profile(source_yaml: Path, calibration: Calibration, out: Path, *, name: str | None = None) -> None:
     """Copy the profile file with its calibration block replaced (atomically: nothing half-written)."""
     data = yaml.safe_load(source_yaml.read_text())
@@ -158,9 +152,7 @@ def write_calibrated_profile(source_yaml: Path, calibration: Calibration, out: P
     text = (f"# Calibrated copy of {source_yaml.name}: the calibration block below was fitted by `plan calibrate`\n"
             f"# to measured runs ({calibration.fitted_by}).\n")
     text += yaml.safe_dump(data, sort_keys=False, width=110)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    write_file_atomic(out, text)
 
 
 def resolve_profile(spec: str) -> tuple[HardwareProfile, Path]:

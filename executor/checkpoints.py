@@ -20,8 +20,8 @@ import os
 import shutil
 from pathlib import Path
 
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import InputError
-from costmodel.specs import ParallelPlan
 
 MANIFEST = "manifest.json"
 KEEP = 2

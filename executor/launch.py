@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import InputError
 from costmodel.rules import violations
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
 
 # CPU runs: one process per rank, at most RANKS_PER_CORE per core this process may run on and one per
 # CPU_RANK_BYTES of available memory (a tiny-gpt rank peaks at 0.40 GiB resident: torch, megatron-core, gloo).
@@ -48,19 +49,12 @@ REQUIRED_PLAN_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "sequence_pa
 
 def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
     """Model and plan of a plan.json, with a one-line error naming the file when it is not one."""
-    from costmodel.profiles import read_text, validation_line
+    from costmodel.profiles import parse_json, read_text, validation_line
 
     p = Path(path)
-    try:
-        data = json.loads(read_text(p, "plan file"))
-    except InputError as exc:
-        if not p.exists():
-            raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)") from None
-        raise exc from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
-    except RecursionError:
-        raise InputError(f"{path}: not JSON (nested too deeply)") from None
+    if not p.exists():
+        raise InputError(f"{path}: plan file not found (write one with `plan ... --out DIR`)")
+    data = parse_json(read_text(p, "plan file"), path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object with model, cluster and plan (as `plan --out` writes), "
                          f"got {type(data).__name__}")
@@ -226,8 +220,11 @@ def default_dtype(model: ModelSpec) -> str:
 def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: int = 10, dtype: str | None = None,
            lr: float = 3e-3, seed: int = 1234, data: str | None = None, checkpoint_every: int = 0,
            init: str = "canonical", timeout_s: float | None = None, env: dict[str, str] | None = None,
-           quiet: bool = True) -> RunResult:
+           quiet: bool = True, worker: str | os.PathLike | None = None) -> RunResult:
     """Run ``executor.train`` for a plan under torchrun on this machine and return its summary.
+
+    ``worker``: a Python file torchrun runs on each rank instead (it takes executor.train's arguments and
+    calls ``executor.train.main``; the fault tests pass tests/kill_worker.py).
 
     Raises InputError before starting when the plan is invalid or does not fit the machine, when another
     launch holds the run directory (``RunLock``), or when its checkpoints cannot be resumed with this plan
@@ -252,8 +249,9 @@ def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: i
         if done is not None:
             return done
         resume, notes = choose_resume(run, plan, str(plan_path))
+        script = ["-m", "executor.train"] if worker is None else [str(Path(worker).resolve())]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.world_size}",
-               "-m", "executor.train", "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
+               *script, "--plan", str(Path(plan_path).resolve()), "--run-dir", str(run.resolve()),
                "--steps", str(steps), "--dtype", dtype, "--lr", str(lr), "--seed", str(seed),
                "--checkpoint-every", str(checkpoint_every), "--init", init,
                "--resume-from", str(resume.resolve()) if resume is not None else "none"]

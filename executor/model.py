@@ -15,7 +15,8 @@ import warnings
 import zlib
 from typing import Any
 
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan
+from costmodel.specs import ModelSpec
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -28,7 +29,7 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
     import torch
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    from planner.split import megatron_layout
+    from costmodel.plan import megatron_layout
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     kw: dict[str, Any] = dict(

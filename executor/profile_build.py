@@ -10,7 +10,6 @@ measured machine as one node whose "GPUs" are the measured processes. No torch h
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 from scipy.optimize import least_squares
 
+from costmodel.files import write_paths_atomic
 from costmodel.profiles import HardwareProfile, InputError, load_profile
 from costmodel.specs import ClusterSpec
 from executor.nccl_tests import Imported, import_logs
@@ -290,27 +290,6 @@ def _dump(data: dict, header: str) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + body
 
 
-def write_files(files: list[tuple[Path, str]]) -> None:
-    """Write every file or none: all go to temporary files first, then each is renamed into place."""
-    tmps = []
-    try:
-        for path, text in files:
-            if not path.parent.exists():
-                raise InputError(f"{path}: directory {path.parent} does not exist")
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            tmps.append((tmp, path))
-        for tmp, path in tmps:
-            os.replace(tmp, path)
-    finally:
-        for tmp, _ in tmps:
-            Path(tmp).unlink(missing_ok=True)
-
-
 def profile_text(data: dict, path: Path, how: str) -> str:
     """Validated YAML text of a profile, with a header saying where it came from."""
     _validated_profile(data, path)
@@ -359,8 +338,8 @@ def measure_profile(out: Path, cluster_out: Path | None, cfg, name: str, command
     res = measure(cfg, progress)
     prof = measured_profile(res, name, command, imported)
     cluster = cluster_data(prof, out, cluster_out)
-    write_files([(out, profile_text(prof, out, f"measured on {res['host']} on {res['date']}")),
-                 (cluster_out, cluster_text(cluster, cluster_out, prof))])
+    write_paths_atomic({out: profile_text(prof, out, f"measured on {res['host']} on {res['date']}"),
+                        cluster_out: cluster_text(cluster, cluster_out, prof)})
     return {"raw": res, "profile": prof, "profile_path": str(out), "cluster_path": str(cluster_out)}
 
 
@@ -373,7 +352,7 @@ def import_into(into: Path, logs: list[str], command: str) -> dict:
                          "(--out NEW.yaml --base NAME) or add the sweep to nccl.csv")
     imported = import_logs(logs, today())
     prof = merge_imported(data, imported)
-    write_files([(into, profile_text(prof, into, f"nccl-tests curves imported by `{command}` on {today()}"))])
+    write_paths_atomic({into: profile_text(prof, into, f"nccl-tests curves imported by `{command}` on {today()}")})
     return {"profile": prof, "profile_path": str(into), "imported": imported}
 
 
@@ -382,8 +361,8 @@ def import_with_base(out: Path, base: str, logs: list[str], name: str, command: 
     _check_out(out)
     imported = import_logs(logs, today())
     prof = profile_from_base(base, imported, name)
-    write_files([(out, profile_text(prof, out, f"profile {base} with nccl-tests curves imported by `{command}` "
-                                              f"on {today()}"))])
+    write_paths_atomic({out: profile_text(prof, out, f"profile {base} with nccl-tests curves imported by `{command}` "
+                                                 f"on {today()}")})
     return {"profile": prof, "profile_path": str(out), "imported": imported}
 
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import math
 
-from rich.console import Console
 from rich.table import Table
-
-console = Console()
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.1f}"
 
 
-def calibration_table(report: dict) -> None:
+def calibration_table(report: dict, console) -> None:
+    """What `plan calibrate` prints, through the command's rich ``console``."""
     t = Table(title=f"calibration of {report['profile']} on {report['measurements']} run(s)")
     for col in ("model", "plan", "GPUs", "measured ms", "before ms", "after ms"):
         t.add_column(col, justify="left" if col in ("model", "plan") else "right")
@@ -35,8 +33,9 @@ def calibration_table(report: dict) -> None:
                           f"iteration(s) {note['iterations_skipped'] or 'none'} skipped")
 
 
-def autotune_table(res) -> None:
-    from executor.calibrate import plan_label
+def autotune_table(res, console) -> None:
+    """What `plan autotune` prints, through the command's rich ``console``."""
+    from costmodel.plan import plan_label
 
     t = Table(title="autotune: predicted, measured, re-predicted after calibration")
     for col in ("#", "plan", "predicted ms", "measured ms", "calibrated ms", "note"):

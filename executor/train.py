@@ -22,13 +22,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.plan import ParallelPlan
+from costmodel.specs import ModelSpec
 from executor.checkpoints import disk_error, write_atomic
-
-KILL_ENV = "PLAN_EXECUTOR_KILL"   # "RANK:STEP": that rank kills itself after STEP (checkpoint/resume tests)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,21 +48,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume-from", default="auto",
                     help="checkpoint folder to resume from, none, or auto (the newest usable one)")
     return ap.parse_args(argv)
-
-
-def _test_kill_hook(rank: int):
-    """What runs after each step: nothing, unless KILL_ENV ("RANK:STEP") asks this rank to SIGKILL itself
-    after STEP (the kill / resume tests)."""
-    kill = os.environ.get(KILL_ENV)
-    kill_rank, kill_step = (int(x) for x in kill.split(":")) if kill else (-1, -1)
-    if rank != kill_rank:
-        return lambda step: None
-
-    def hook(step: int) -> None:
-        if step == kill_step:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
 
 
 # Process set-up ---------------------------------------------------------------------------------------
@@ -278,7 +263,11 @@ def _reduce(values: list[float], op: str) -> list[float]:
 
 
 # The loop -----------------------------------------------------------------------------------------------
-def train(args: argparse.Namespace) -> dict:
+def train(args: argparse.Namespace, after_step: Callable[[int], None] | None = None) -> dict:
+    """Train ``args.steps`` steps of the plan in ``args.plan`` on this rank; rank 0 returns the summary.
+
+    ``after_step(step)``, when given, runs on this rank after each step is recorded and checkpointed (the
+    fault tests install one that kills a rank: tests/kill_worker.py)."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -327,7 +316,6 @@ def train(args: argparse.Namespace) -> dict:
 
         return output, loss_func
 
-    after_step = _test_kill_hook(rank)
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
         if start == 0:
@@ -370,7 +358,8 @@ def train(args: argparse.Namespace) -> dict:
                 raise disk_error(exc, metrics_path, "metrics") from None
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, chunks, optimizer, plan)
-        after_step(step + 1)
+        if after_step is not None:
+            after_step(step + 1)
     summary = summarize(metrics_path, model, plan, cuda) if rank == 0 else {}
     if rank == 0:
         cluster = json.loads(Path(args.plan).read_text()).get("cluster")
@@ -400,7 +389,7 @@ def summarize(metrics_path: Path, model: ModelSpec, plan: ParallelPlan, cuda: bo
             "model": model.model_dump(mode="json")}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, after_step: Callable[[int], None] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from executor.launch import die_with_parent
@@ -408,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     # A worker never outlives torchrun (killed, or stopped by `plan`), even one torchrun started just before.
     die_with_parent(signal.SIGKILL, parent_runs="torch" if "TORCHELASTIC_RUN_ID" in os.environ else None)
     args = parse_args(argv)
-    record(train)(args)
+    record(train)(args, after_step)
     return 0
 
 

@@ -55,9 +55,11 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import PlanArrays, estimate, estimate_arrays
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, violations
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+from costmodel.plan import ParallelPlan, even_split
+from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
-__all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours"]
+__all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours",
+           "predict"]
 
 FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
                       "memory_low", "expert_imbalance", "rule_note"]
@@ -156,12 +158,6 @@ def _base_figures(est: StepEstimate, plan: ParallelPlan, peak_flops: float) -> d
 # The neighbourhood -----------------------------------------------------------------------------------
 
 
-def _even_split(layers: int, pp: int) -> tuple[int, ...]:
-    """Megatron's default split as estimate() fills it (any remainder on the stages after the first)."""
-    per, rem = divmod(layers, pp)
-    return tuple(per + (1 if 1 <= i <= rem else 0) for i in range(pp))
-
-
 def _make(base: ParallelPlan, **upd) -> ParallelPlan | None:
     if "recompute" in upd and upd["recompute"] != base.recompute:
         upd.setdefault("recompute_layers", None)
@@ -178,7 +174,7 @@ def _edge_splits(model: ModelSpec, plan: ParallelPlan) -> list[tuple[int, ...]]:
     pp, unit = plan.pp, max(plan.vpp, 1)
     if pp < 2:
         return []
-    base = list(_even_split(model.layers, pp))
+    base = list(even_split(model.layers, pp))
     out: list[tuple[int, ...]] = [tuple(base)]
     if pp == 2:
         for k in (-2, -1, 1, 2):
@@ -248,7 +244,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             moves.append(("pp", {"pp": p2, "vpp": v2, "dp": dp2, **leave_fsdp}))
     # Interleaving depth at the same pp.
     if pp > 1:
-        counts = plan.layers_per_stage or _even_split(model.layers, pp)
+        counts = plan.layers_per_stage or even_split(model.layers, pp)
         g = int(np.gcd.reduce([c for c in counts if c > 0])) if any(counts) else 1
         for v2 in divisors(g):
             if v2 != vpp and v2 <= 16:
@@ -288,7 +284,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
 
     # Stage splits at the current settings first (few, and the only fix for an uneven split).
     if pp > 1:
-        even = _even_split(model.layers, pp)
+        even = even_split(model.layers, pp)
         for j, s in enumerate(_edge_splits(model, plan)):
             lps = None if (s == even and model.layers % pp == 0) else s
             add("split", -1 - j, True, _make(plan, layers_per_stage=lps))
@@ -308,14 +304,14 @@ def _filled(model: ModelSpec, p: ParallelPlan) -> ParallelPlan:
     """The plan with its split written out, as estimate() scores it."""
     if p.layers_per_stage is not None:
         return p
-    return p.model_copy(update={"layers_per_stage": _even_split(model.layers, p.pp)})
+    return p.model_copy(update={"layers_per_stage": even_split(model.layers, p.pp)})
 
 
 # Text ------------------------------------------------------------------------------------------------
 
 
 def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
-    s = p.layers_per_stage or _even_split(model.layers, p.pp)
+    s = p.layers_per_stage or even_split(model.layers, p.pp)
     return "/".join(str(x) for x in s)
 
 
@@ -366,8 +362,20 @@ def format_findings(findings: Iterable[Finding]) -> list[str]:
 # Diagnosis -------------------------------------------------------------------------------------------
 
 
+def predict(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, load=None, *, profile=None,
+            moe_imbalance: float = 1.0) -> StepEstimate:
+    """The plan's estimate: under the measured expert ``load`` (costmodel.routing.ExpertLoad) when there is one,
+    else at ``moe_imbalance``. ``plan check`` computes it once and hands it to :func:`diagnose`."""
+    if load is not None:
+        from costmodel.routing import estimate_one_routed
+
+        return estimate_one_routed(model, cluster, plan, load, profile=profile)
+    return estimate(model, cluster, plan, profile=profile, moe_imbalance=moe_imbalance)
+
+
 def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
-             moe_imbalance: float = 1.0, routing=None, placement: str = "contiguous") -> list[Finding]:
+             moe_imbalance: float = 1.0, routing=None, placement: str = "contiguous", load=None,
+             est: StepEstimate | None = None) -> list[Finding]:
     """Findings for one plan, warnings first. A plan inside every band gets infos only.
 
     The plan's own validity is not checked here (``plan check`` runs ``costmodel.rules.check_plan``
@@ -376,158 +384,183 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     ``routing`` (a measured histogram, planner.routing.Routing) replaces it: the plan and every alternative
     get the load their ep and ``placement`` give, and the expert finding reports the measured load with the
     better placement or ep and the capacity factor that would bound it.
+    ``load`` (the plan's load under ``routing`` and ``placement``) and ``est`` (:func:`predict` of the plan)
+    are computed here unless the caller has them already.
     Cost: one ``estimate`` call (two with an expert imbalance) plus one vectorised call over at most MAX_CANDIDATES plans.
     """
     prof = load_profile(cluster.gpu)
-    dtype = gemm_dtype(model.precision)
-    peak = prof.peak(dtype)
-    load = routing.load(plan.ep, placement) if (routing is not None and model.is_moe) else None
-    if load is not None:
-        from costmodel.routing import estimate_one_routed
-
+    if routing is not None and model.is_moe:
+        load = load if load is not None else routing.load(plan.ep, placement)
         moe_imbalance = load.time_factor
-        est = estimate_one_routed(model, cluster, plan, load, profile=prof)
     else:
-        est = estimate(model, cluster, plan, profile=prof, moe_imbalance=moe_imbalance)
-    base = _base_figures(est, plan, peak)
-    step0 = base["step_time_s"]
+        load = None
+    est = est if est is not None else predict(model, cluster, plan, load, profile=prof, moe_imbalance=moe_imbalance)
+    d = _Diagnosis(model, cluster, plan, est, prof, neighbours(model, cluster, plan), routing, placement, load,
+                   moe_imbalance)
+    found = d.memory() + d.pipeline() + d.communication() + d.compute() + d.experts()
+    for note in schedule_notes(plan):
+        found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
+    found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
+    return found
 
-    cands = neighbours(model, cluster, plan)
-    fams = [c.family for c in cands]
-    alts = [c.plan for c in cands]
-    figs = None
-    if alts:
-        arrays = PlanArrays.from_plans([_filled(model, p) for p in alts])
-        if load is not None:
-            out = routing.scorer(placement)(model, cluster, arrays, profile=prof, framework=plan.framework)
-        else:
-            out = estimate_arrays(model, cluster, arrays, profile=prof, framework=plan.framework,
-                                  moe_imbalance=moe_imbalance)
-        figs = _Figures(out, alts, peak)
-        # Keep suggestions minimal: a structural move changes micro_batch / recompute too only when the
-        # move alone does not fit (or is not valid).
-        alone_fits = {c.move for c, fit in zip(cands, figs.fits) if c.base_knobs and fit}
-        minimal = np.array([c.base_knobs or c.move not in alone_fits for c in cands], dtype=bool)
-        safe_mem = figs.memory_fraction <= THRESHOLDS["memory_high"]
 
-    def best(kind: str, *, mask: np.ndarray | None = None, must_be_faster: bool = True,
+class _Diagnosis:
+    """The plan's figures, its neighbourhood scored in one vectorised call, and one method per group of findings."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, est: StepEstimate, prof,
+                 cands: list[Candidate], routing, placement: str, load, moe_imbalance: float):
+        self.model, self.cluster, self.plan, self.est, self.prof = model, cluster, plan, est, prof
+        self.routing, self.placement, self.load, self.moe_imbalance = routing, placement, load, moe_imbalance
+        self.dtype = gemm_dtype(model.precision)
+        self.peak = prof.peak(self.dtype)
+        self.base = _base_figures(est, plan, self.peak)
+        self.step0 = self.base["step_time_s"]
+        self.cands = cands
+        self.fams = [c.family for c in cands]
+        self.alts = [c.plan for c in cands]
+        self.figs = None
+        if self.alts:
+            arrays = PlanArrays.from_plans([_filled(model, p) for p in self.alts])
+            if load is not None:
+                out = routing.scorer(placement)(model, cluster, arrays, profile=prof, framework=plan.framework)
+            else:
+                out = estimate_arrays(model, cluster, arrays, profile=prof, framework=plan.framework,
+                                      moe_imbalance=moe_imbalance)
+            self.figs = _Figures(out, self.alts, self.peak)
+            # Keep suggestions minimal: a structural move changes micro_batch / recompute too only when the
+            # move alone does not fit (or is not valid).
+            alone_fits = {c.move for c, fit in zip(cands, self.figs.fits) if c.base_knobs and fit}
+            self.minimal = np.array([c.base_knobs or c.move not in alone_fits for c in cands], dtype=bool)
+            self.safe_mem = self.figs.memory_fraction <= THRESHOLDS["memory_high"]
+
+    def best(self, kind: str, *, mask: np.ndarray | None = None, must_be_faster: bool = True,
              extra: Callable[[np.ndarray], np.ndarray] | None = None,
              prefer: Callable[[np.ndarray], np.ndarray] | None = None) -> int | None:
         """Index of the fastest fitting alternative that improves the kind's figure."""
+        figs = self.figs
         if figs is None:
             return None
         name, lower_better = FIGURE[kind]
-        v, v0 = figs.get(name), base[name]
-        ok = figs.fits & minimal & np.isfinite(figs.step) & np.isfinite(v)
+        v, v0 = figs.get(name), self.base[name]
+        ok = figs.fits & self.minimal & np.isfinite(figs.step) & np.isfinite(v)
         ok &= (v <= v0 * (1 - MIN_IMPROVEMENT)) if lower_better else (v >= v0 * (1 + MIN_IMPROVEMENT))
         if mask is not None:
             ok &= mask
         if must_be_faster:
-            ok &= figs.step < step0
+            ok &= figs.step < self.step0
         if extra is not None:
             ok &= extra(v)
         if prefer is not None and (ok & prefer(v)).any():
             ok &= prefer(v)
-        elif prefer is None and (ok & safe_mem).any():
-            ok &= safe_mem    # a suggestion should not trade its finding for a memory warning
+        elif prefer is None and (ok & self.safe_mem).any():
+            ok &= self.safe_mem    # a suggestion should not trade its finding for a memory warning
         if not ok.any():
             return None
         return int(np.argmin(np.where(ok, figs.step, np.inf)))
 
-    def finding(kind: str, severity: str, message: str, idx: int | None, none_text: str) -> Finding:
+    def finding(self, kind: str, severity: str, message: str, idx: int | None, none_text: str) -> Finding:
         name, _ = FIGURE[kind]
+        base, step0 = self.base, self.step0
         if idx is None:
             return Finding(kind=kind, severity=severity, message=message, suggestion=none_text,
                            predicted={name: [base[name], base[name]], "step_time_s": [step0, step0]})
-        alt = alts[idx]
-        after_step = float(figs.step[idx])
-        return Finding(kind=kind, severity=severity, message=message, suggestion=describe_change(model, plan, alt),
-                       predicted={name: [base[name], float(figs.get(name)[idx])],
+        alt = self.alts[idx]
+        after_step = float(self.figs.step[idx])
+        return Finding(kind=kind, severity=severity, message=message,
+                       suggestion=describe_change(self.model, self.plan, alt),
+                       predicted={name: [base[name], float(self.figs.get(name)[idx])],
                                   "step_time_s": [step0, after_step]},
                        gain=after_step / step0 - 1.0, alternative=alt)
 
-    def soft(idx: int | None) -> str:
+    def soft(self, idx: int | None) -> str:
         """Soft bands warn only when the suggestion is much faster and itself inside the memory band."""
-        if idx is None or not safe_mem[idx]:
+        if idx is None or not self.safe_mem[idx]:
             return "info"
-        return "warn" if figs.step[idx] / step0 - 1.0 <= -ACTIONABLE_GAIN else "info"
+        return "warn" if self.figs.step[idx] / self.step0 - 1.0 <= -ACTIONABLE_GAIN else "info"
 
-    found: list[Finding] = []
-    gb = 1e9
+    def memory(self) -> list[Finding]:
+        """Memory first: it decides whether the plan runs at all."""
+        est, plan, gb = self.est, self.plan, 1e9
+        mem = self.base["memory_fraction"]
+        i_stage = int(np.argmax(est.peak_memory_bytes))
+        used = f"{max(est.peak_memory_bytes) / gb:.1f} of {est.memory_capacity_bytes / gb:.1f} GB on stage {i_stage}"
+        if mem > THRESHOLDS["memory_high"]:
+            what = "does not fit" if not est.fits else "risk of OOM / fragmentation"
+            idx = self.best("memory_high", must_be_faster=False, prefer=lambda v: v <= THRESHOLDS["memory_high"])
+            return [self.finding("memory_high", "warn", f"memory {100 * mem:.0f}% of capacity ({used}): {what}", idx,
+                                 "no neighbouring plan fits" if not est.fits else
+                                 "no neighbouring plan needs less memory")]
+        if mem < THRESHOLDS["memory_low"]:
+            # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
+            rc = {"none": 0, "selective": 1, "full": 2}
+            more = np.array([c.family == "knobs" and c.plan.micro_batch >= plan.micro_batch
+                             and rc[c.plan.recompute] <= rc[plan.recompute] for c in self.cands], dtype=bool)
+            idx = self.best("memory_low", mask=more, extra=lambda v: v <= THRESHOLDS["memory_high"])
+            return [self.finding("memory_low", "info",
+                                 f"memory {100 * mem:.0f}% of capacity ({used}): room for a larger micro-batch "
+                                 f"or less recompute", idx,
+                                 "no larger micro-batch or lighter recompute nearby is faster")]
+        return []
 
-    # Memory first: it decides whether the plan runs at all.
-    mem = base["memory_fraction"]
-    i_stage = int(np.argmax(est.peak_memory_bytes))
-    used = f"{max(est.peak_memory_bytes) / gb:.1f} of {est.memory_capacity_bytes / gb:.1f} GB on stage {i_stage}"
-    if mem > THRESHOLDS["memory_high"]:
-        what = "does not fit" if not est.fits else "risk of OOM / fragmentation"
-        idx = best("memory_high", must_be_faster=False, prefer=lambda v: v <= THRESHOLDS["memory_high"])
-        found.append(finding("memory_high", "warn", f"memory {100 * mem:.0f}% of capacity ({used}): {what}", idx,
-                             "no neighbouring plan fits" if not est.fits else "no neighbouring plan needs less memory"))
-    elif mem < THRESHOLDS["memory_low"]:
-        # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
-        rc = {"none": 0, "selective": 1, "full": 2}
-        more = np.array([c.family == "knobs" and c.plan.micro_batch >= plan.micro_batch
-                         and rc[c.plan.recompute] <= rc[plan.recompute] for c in cands], dtype=bool)
-        idx = best("memory_low", mask=more, extra=lambda v: v <= THRESHOLDS["memory_high"])
-        found.append(finding("memory_low", "info",
-                             f"memory {100 * mem:.0f}% of capacity ({used}): room for a larger micro-batch "
-                             f"or less recompute", idx,
-                             "no larger micro-batch or lighter recompute nearby is faster"))
+    def pipeline(self) -> list[Finding]:
+        """The bubble and the stage balance (pp > 1)."""
+        est, plan, step0, found = self.est, self.plan, self.step0, []
+        bub = self.base["bubble_fraction"]
+        if bub > THRESHOLDS["bubble_info"] and plan.pp > 1:
+            idx = self.best("bubble")
+            sev = "warn" if bub > THRESHOLDS["bubble_warn"] else self.soft(idx)
+            found.append(self.finding("bubble", sev, f"bubble {100 * bub:.0f}% of the step "
+                                                     f"({est.breakdown_s['bubble']:.2f} of {step0:.2f} s)", idx,
+                                      "no neighbouring plan has a smaller bubble and a shorter step"))
+        imb = self.base["stage_imbalance"]
+        if plan.pp > 1 and imb > THRESHOLDS["stage_imbalance"]:
+            st = est.stage_time_s
+            idx = self.best("stage_imbalance", mask=np.array([f == "split" for f in self.fams], dtype=bool))
+            found.append(self.finding("stage_imbalance", "warn",
+                                      f"pipeline stages differ by {100 * (imb - 1):.0f}% (stage {int(np.argmax(st))} "
+                                      f"{1e3 * max(st):.1f} ms vs stage {int(np.argmin(st))} {1e3 * min(st):.1f} ms "
+                                      f"per micro-batch; layers per stage {_split_str(self.model, plan)})", idx,
+                                      "no neighbouring split is more even and faster"))
+        return found
 
-    bub = base["bubble_fraction"]
-    if bub > THRESHOLDS["bubble_info"] and plan.pp > 1:
-        idx = best("bubble")
-        sev = "warn" if bub > THRESHOLDS["bubble_warn"] else soft(idx)
-        found.append(finding("bubble", sev, f"bubble {100 * bub:.0f}% of the step "
-                                            f"({est.breakdown_s['bubble']:.2f} of {step0:.2f} s)", idx,
-                             "no neighbouring plan has a smaller bubble and a shorter step"))
-
-    imb = base["stage_imbalance"]
-    if plan.pp > 1 and imb > THRESHOLDS["stage_imbalance"]:
-        st = est.stage_time_s
-        idx = best("stage_imbalance", mask=np.array([f == "split" for f in fams], dtype=bool))
-        found.append(finding("stage_imbalance", "warn",
-                             f"pipeline stages differ by {100 * (imb - 1):.0f}% (stage {int(np.argmax(st))} "
-                             f"{1e3 * max(st):.1f} ms vs stage {int(np.argmin(st))} {1e3 * min(st):.1f} ms per "
-                             f"micro-batch; layers per stage {_split_str(model, plan)})", idx,
-                             "no neighbouring split is more even and faster"))
-
-    comm = base["comm_fraction"]
-    if comm > THRESHOLDS["communication"]:
-        parts = sorted(((est.breakdown_s[k] / step0, k.split("_")[0]) for k in COMM_KEYS), reverse=True)
+    def communication(self) -> list[Finding]:
+        comm = self.base["comm_fraction"]
+        if not comm > THRESHOLDS["communication"]:
+            return []
+        parts = sorted(((self.est.breakdown_s[k] / self.step0, k.split("_")[0]) for k in COMM_KEYS), reverse=True)
         top = ", ".join(f"{k} {100 * v:.0f}%" for v, k in parts if v >= 0.01)
-        idx = best("communication")
-        found.append(finding("communication", "warn", f"exposed communication {100 * comm:.0f}% of the step ({top})",
-                             idx, "no neighbouring plan exposes less communication and is faster"))
+        idx = self.best("communication")
+        return [self.finding("communication", "warn", f"exposed communication {100 * comm:.0f}% of the step ({top})",
+                             idx, "no neighbouring plan exposes less communication and is faster")]
 
-    eff = base["compute_efficiency"]
-    if eff < THRESHOLDS["compute_efficiency"]:
-        idx = best("compute_efficiency")
-        found.append(finding("compute_efficiency", soft(idx),
-                             f"compute at {100 * eff:.0f}% of the {dtype} dense peak ({eff * peak / 1e12:.0f} of "
+    def compute(self) -> list[Finding]:
+        eff, peak = self.base["compute_efficiency"], self.peak
+        if not eff < THRESHOLDS["compute_efficiency"]:
+            return []
+        idx = self.best("compute_efficiency")
+        return [self.finding("compute_efficiency", self.soft(idx),
+                             f"compute at {100 * eff:.0f}% of the {self.dtype} dense peak ({eff * peak / 1e12:.0f} of "
                              f"{peak / 1e12:.0f} TFLOP/s per GPU while computing)", idx,
-                             "no neighbouring plan computes more efficiently and faster"))
+                             "no neighbouring plan computes more efficiently and faster")]
 
-    if load is not None:
-        found.append(_routing_finding(model, cluster, plan, routing, placement, load, step0, prof,
-                                      [(alts[i], float(figs.step[i])) for i in range(len(alts))
-                                       if figs.fits[i] and minimal[i] and figs.step[i] < step0] if figs else []))
-    elif model.is_moe and moe_imbalance > THRESHOLDS["expert_imbalance"]:
-        bal = estimate(model, cluster, plan, profile=prof, moe_imbalance=1.0)
-        found.append(Finding(
-            kind="expert_imbalance", severity="warn",
-            message=f"hottest expert rank gets {moe_imbalance:.2f}x the mean token load (ep={plan.ep}, "
-                    f"{model.num_experts} experts, top-{model.moe_topk})",
-            suggestion="balance the router (auxiliary load-balancing loss or aux-loss-free expert bias)",
-            predicted={"moe_imbalance": [moe_imbalance, 1.0], "step_time_s": [step0, bal.step_time_s]},
-            gain=bal.step_time_s / step0 - 1.0))
-
-    for note in schedule_notes(plan):
-        found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
-
-    found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
-    return found
+    def experts(self) -> list[Finding]:
+        """The measured expert load (with routing), or the assumed moe_imbalance of an MoE model."""
+        model, cluster, plan, step0, figs = self.model, self.cluster, self.plan, self.step0, self.figs
+        if self.load is not None:
+            faster = [(self.alts[i], float(figs.step[i])) for i in range(len(self.alts))
+                      if figs.fits[i] and self.minimal[i] and figs.step[i] < step0] if figs else []
+            return [_routing_finding(model, cluster, plan, self.routing, self.placement, self.load, step0, self.prof,
+                                     faster)]
+        imb = self.moe_imbalance
+        if not (model.is_moe and imb > THRESHOLDS["expert_imbalance"]):
+            return []
+        bal = estimate(model, cluster, plan, profile=self.prof, moe_imbalance=1.0)
+        return [Finding(kind="expert_imbalance", severity="warn",
+                        message=f"hottest expert rank gets {imb:.2f}x the mean token load (ep={plan.ep}, "
+                                f"{model.num_experts} experts, top-{model.moe_topk})",
+                        suggestion="balance the router (auxiliary load-balancing loss or aux-loss-free expert bias)",
+                        predicted={"moe_imbalance": [imb, 1.0], "step_time_s": [step0, bal.step_time_s]},
+                        gain=bal.step_time_s / step0 - 1.0)]
 
 
 # Measured routing ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The ``plan`` command: parse arguments, dispatch, print. Nothing else lives here.
+"""The ``plan`` command: parse arguments, build the request, call, print. Nothing else lives here: the defaults
+are planner/request.py's, the console and progress bar planner/terminal.py's, the files planner/outputs.py's.
 
     plan --model 70b --cluster h100x512.yaml         search layouts, print the ranked table
     plan check --model 70b --cluster ... --tp 8 ...  predict one layout and check it against every rule
@@ -60,23 +61,18 @@ _rate = _number(float, 0)
 def _check_file_target(path: str | None) -> None:
     """Fail at once, before any long work, when ``path`` (--json OUT, --plot PNG) could not be written."""
     if path:
-        from planner.outputs import check_target
+        from costmodel.files import check_target
 
         check_target(Path(path).parent, (Path(path).name,))
 
 
-def _model_cluster(args):
-    from costmodel.catalog import get_model
-    from costmodel.profiles import load_cluster
+def _request(cls, args, **given):
+    """A planner.request request from the parsed flags: each field from the flag of the same dest, where the
+    command has that flag."""
+    from dataclasses import fields
 
-    model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
-    cluster = load_cluster(args.cluster)
-    override = _profile_override(getattr(args, "profile_file", None))
-    if override is not None:
-        cluster = _with_profile(cluster, override)
-        if cluster is None:
-            raise InputError(_wrong_gpu(override, [load_cluster(args.cluster)]))
-    return _native_precision(model, cluster, explicit=args.precision is not None), cluster
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given and hasattr(args, f.name)},
+               **given)
 
 
 def _profile_arg(ap: argparse.ArgumentParser) -> None:
@@ -85,93 +81,27 @@ def _profile_arg(ap: argparse.ArgumentParser) -> None:
                          "profile of its GPU type")
 
 
-def _profile_override(spec: str | None):
-    """--profile FILE as (what a cluster's gpu field names it by, the profile); one-line errors when the file
-    does not load."""
-    if not spec:
-        return None
-    from costmodel.profiles import load_profile
-
-    p = Path(spec)
-    if p.suffix in (".yaml", ".yml") and not p.exists():
-        raise InputError(f"--profile {spec}: file not found")
-    prof = load_profile(spec)
-    return (str(p.resolve()) if p.exists() else prof.name), prof
+def _model_flags(ap: argparse.ArgumentParser, then=lambda ap: None) -> None:
+    """The flags naming the model, shared by every planning command (``then`` adds the command's own flags
+    after --model, where --help lists them)."""
+    ap.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b, deepseek-v3) or a HF config.json")
+    then(ap)
+    ap.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
+    ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
+    ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
 
 
-def _with_profile(cluster, override):
-    """The cluster with every GPU of the override's type (name or alias) read from the override file; None
-    when the cluster has no such GPU."""
-    from costmodel.profiles import load_profile, same_gpu
-
-    ref, prof = override
-    hit = same_gpu(load_profile(cluster.gpu), prof)
-    upd = {"gpu": ref} if hit else {}
-    if cluster.device_groups:
-        groups = []
-        for g in cluster.device_groups:
-            mine = same_gpu(load_profile(g.gpu), prof)
-            hit = hit or mine
-            groups.append(g.model_copy(update={"gpu": ref}) if mine else g)
-        upd["device_groups"] = groups
-    return cluster.model_copy(update=upd) if hit else None
-
-
-def _wrong_gpu(override, clusters) -> str:
-    from costmodel.profiles import load_profile
-
-    ref, prof = override
-    gpus = sorted({load_profile(g).name for cl in clusters
-                   for g in ([x.gpu for x in cl.device_groups] if cl.device_groups else [cl.gpu])})
-    return (f"--profile {ref}: profile {prof.name} is not a GPU type of the cluster ({', '.join(gpus)}); give a "
-            f"profile calibrated for {' or '.join(gpus)}")
-
-
-def _scenarios_with_profile(scenarios, spec: str | None):
-    """Capacity / what-if scenarios with --profile applied where their cluster has that GPU type."""
-    override = _profile_override(spec)
-    if override is None:
-        return scenarios
-    from dataclasses import replace
-
-    out = [replace(s, cluster=c) if (c := _with_profile(s.cluster, override)) is not None else s for s in scenarios]
-    if all(o is s for o, s in zip(out, scenarios)):
-        raise InputError(_wrong_gpu(override, [s.cluster for s in scenarios]))
-    return out
-
-
-def _native_precision(model, cluster, explicit: bool):
-    """The model in a precision every GPU of the cluster runs: a default bf16 becomes fp16 mixed precision
-    on GPUs without bf16 (V100), with a note; anything else they lack is a one-line error."""
-    from typing import get_args
-
-    from costmodel.profiles import load_profile
-    from costmodel.specs import Precision
-
-    gpus = [g.gpu for g in cluster.device_groups] if cluster.device_groups else [cluster.gpu]
-    profs = [load_profile(g) for g in dict.fromkeys(gpus)]
-    lacking = [p.name for p in profs if not p.supports(model.precision)]
-    if not lacking:
-        return model
-    if model.precision == "bf16" and not explicit and all(p.supports("fp16") for p in profs):
-        warnings.warn(f"{', '.join(lacking)} has no bf16: {model.name} planned in fp16 mixed precision "
-                      f"(--fp16, as Megatron trains on Volta)", PlanNote, stacklevel=2)
-        return model.model_copy(update={"precision": "fp16"})
-    valid = [p for p in get_args(Precision) if all(q.supports(p) for q in profs)]
-    raise InputError(f"--precision {model.precision}: {', '.join(lacking)} in {cluster.name} cannot train in "
-                     f"{model.precision}; valid there: {', '.join(valid)}")
+def _json_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b, deepseek-v3) or a HF config.json")
-    p.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
-    p.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
-    p.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _model_flags(p, lambda ap: ap.add_argument("--cluster", required=True,
+                                               help="cluster YAML (a path or a file in hardware_profiles/clusters/)"))
+    _json_flag(p)
 
 
-def cmd_search(argv: list[str]) -> int:
+def _search_parser() -> _Parser:
     ap = _Parser(prog="plan", description="Search parallel layouts for a model on a cluster.")
     _common(ap)
     ap.add_argument("--top", type=_count, default=10, help="plans to show")
@@ -194,27 +124,32 @@ def cmd_search(argv: list[str]) -> int:
                                                   "report.png for the best plan into DIR")
     _routing_args(ap, placement_default="best")
     _profile_arg(ap)
-    args = ap.parse_args(argv)
-    from planner.report import best_supported, console, plan_row, ranked_table
+    return ap
+
+
+def cmd_search(argv: list[str]) -> int:
+    args = _search_parser().parse_args(argv)
+    from planner.request import PlanRequest
     from planner.search import choose_strategy
-    from planner.space import default_global_batch
 
     if args.out:
-        from planner.outputs import OUTPUT_FILES, check_target
+        from costmodel.files import check_target
+        from planner.outputs import OUTPUT_FILES
 
         check_target(args.out, (*OUTPUT_FILES, "report.png"), create=True)
     if args.storage:
         _check_storage(args.storage)
 
-    model, cluster = _model_cluster(args)
-    gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
+    req = _request(PlanRequest, args)
+    target = req.resolve()
+    model, cluster, gbs = target.model, target.cluster, target.global_batch
     objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
     if args.storage and not args.study_name and args.workers > 1:
         raise InputError("--workers needs --study-name so that every process joins the same study")
     # Optuna is used when asked for (sampler, several objectives, storage) or when the space is large
     # (planner.search.choose_strategy).
     wants_optuna = bool(args.sampler or args.storage or args.trials or objectives != ("time",))
-    routing = _load_routing(args, model)
+    routing = req.load_routing(model)
     if (routing is not None or cluster.device_groups) and wants_optuna:
         raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
                          "--storage, --trials and --objectives")
@@ -228,6 +163,14 @@ def cmd_search(argv: list[str]) -> int:
         res = strategy.search(model, cluster, gbs, rank_by=args.rank_by)
     else:
         res = _run_optuna(strategy.search, model, cluster, gbs, args, objectives)
+    return _print_search(args, model, cluster, gbs, res)
+
+
+def _print_search(args, model, cluster, gbs: int, res) -> int:
+    """The ranked plans of a homogeneous search (a table, or JSON with --json); --out written for the best."""
+    from planner.report import best_supported, plan_row, ranked_table
+    from planner.terminal import console
+
     if res.evaluated == 0:
         raise InputError(f"no layout of {model.name} ({model.layers} layers) on {cluster.num_gpus} GPUs with "
                          f"global batch {gbs} passes Megatron's rules; try a global batch that is a multiple of "
@@ -299,21 +242,13 @@ def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     kw = dict(sampler=args.sampler, n_trials=args.trials, objectives=objectives, storage=args.storage,
               study_name=args.study_name, seed=args.seed, timeout_s=args.timeout, workers=args.workers,
               rank_by=args.rank_by)
-    if args.json:
-        res = optuna_search(model, cluster, gbs, **kw)
-        if res.interrupted:
-            print("plan: interrupted: finished trials are kept; showing the best so far", file=sys.stderr)
-        return res
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from planner.terminal import console, progress_bar
 
-    from planner.report import console
-
-    with Progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as prog:
-        task = prog.add_task("search", total=None)
-        res = optuna_search(model, cluster, gbs, progress=lambda done, total: prog.update(task, completed=done,
-                                                                                          total=total), **kw)
-    if getattr(res, "interrupted", False):
+    with progress_bar("searching layouts", quiet=args.json) as bar:
+        res = optuna_search(model, cluster, gbs, progress=bar and bar.count, **kw)
+    if getattr(res, "interrupted", False) and args.json:
+        print("plan: interrupted: finished trials are kept; showing the best so far", file=sys.stderr)
+    elif getattr(res, "interrupted", False):
         console(stderr=True).print("interrupted: finished trials are kept; showing the best so far")
     return res
 
@@ -331,7 +266,7 @@ def best_plan(res):
 
 
 def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:
-    """Outputs of one plan, report.png with them (every file through planner.outputs.write_files_atomic)."""
+    """Outputs of one plan, report.png with them (every file through costmodel.files.write_files_atomic)."""
     from costmodel.estimate import estimate
     from costmodel.trust import plan_trust
     from planner.outputs import write_outputs
@@ -345,7 +280,7 @@ def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None
                                                                       trust=trust)})
 
 
-def cmd_check(argv: list[str]) -> int:
+def _check_parser() -> _Parser:
     ap = _Parser(prog="plan check", description="Predict and check one layout.")
     _common(ap)
     for deg in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp"):
@@ -368,66 +303,50 @@ def cmd_check(argv: list[str]) -> int:
                             "(pp x vpp stages; vpp follows from it)")
     _routing_args(ap, placement_default="contiguous")
     _profile_arg(ap)
-    args = ap.parse_args(argv)
-    from costmodel.estimate import estimate
-    from costmodel.rules import check_plan
-    from costmodel.specs import ParallelPlan
-    from planner.report import console, estimate_table, zero_label
-    from planner.space import default_global_batch
+    return ap
 
-    model, cluster = _model_cluster(args)
-    cluster = _check_cluster(cluster, args.group)
-    routing = _load_routing(args, model, restrict=False)
-    dp = args.dp or max(1, cluster.num_gpus // (args.tp * args.pp * args.cp))
-    gbs = args.global_batch or default_global_batch(model, cluster.num_gpus)
-    zero = args.zero_stage if args.zero_stage is not None else (0 if args.no_distributed_optimizer else 1)
-    if args.no_distributed_optimizer and zero >= 1:
-        raise InputError(f"--no-distributed-optimizer with --zero-stage {zero}: ZeRO stages 1-3 shard the optimizer "
-                         f"states (Megatron's distributed optimizer); valid: --zero-stage 0, or drop "
-                         f"--no-distributed-optimizer")
-    vpp, lps, layout = _check_split_args(args, model)
-    plan = ParallelPlan(tp=args.tp, pp=args.pp, vpp=vpp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp,
-                        sequence_parallel=not args.no_sequence_parallel, micro_batch=args.micro_batch,
-                        global_batch=gbs, recompute=args.recompute, recompute_layers=args.recompute_layers,
-                        distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps)
-    check_plan(model, plan, cluster.num_gpus)
-    if lps is not None and layout is None:
-        from planner.outputs import layout_from_layers_per_stage
 
-        layout = layout_from_layers_per_stage(lps, vpp, model.mtp_layers)
-    placement = None if args.placement == "best" else args.placement
-    load = routing.load(plan.ep, placement) if routing is not None else None
-    if load is not None:
-        from costmodel.routing import estimate_one_routed
-
-        est = estimate_one_routed(model, cluster, plan, load)
-    else:
-        est = estimate(model, cluster, plan)
+def cmd_check(argv: list[str]) -> int:
+    args = _check_parser().parse_args(argv)
     from costmodel.comm import group_links
-
-    from planner.check import diagnose, format_findings
-
     from costmodel.trust import plan_trust
+    from planner.check import diagnose, predict
+    from planner.request import CheckRequest
 
-    links = group_links(cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
-    findings = diagnose(model, cluster, plan, routing=routing, placement=load.placement if load else "contiguous")
-    trust = plan_trust(model, cluster, plan, est.step_time_s)
+    t = _request(CheckRequest, args).resolve()
+    plan, load = t.plan, t.load
+    est = predict(t.model, t.cluster, plan, load)
+    links = group_links(t.cluster, plan.tp, plan.cp, plan.dp, plan.pp, plan.ep, plan.etp)
+    findings = diagnose(t.model, t.cluster, plan, routing=t.routing,
+                        placement=load.placement if load else "contiguous", load=load, est=est)
+    trust = plan_trust(t.model, t.cluster, plan, est.step_time_s)
     if args.json:
         out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "trust": trust, "groups": links,
                "findings": [f.model_dump() for f in findings]}
-        if layout is not None:
-            out["pipeline_layout"] = layout
+        if t.layout is not None:
+            out["pipeline_layout"] = t.layout
         if load is not None:
-            out["routing"] = {**routing.summary(), "load": load.summary()}
+            out["routing"] = {**t.routing.summary(), "load": load.summary()}
         print(json.dumps(out, indent=1))
         return 0 if est.fits else 1
+    _print_check(t, est, links, findings, trust)
+    return 0 if est.fits else 1
+
+
+def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
+    """plan check's tables and lines: the estimate, the split, the groups' links, the findings."""
+    from planner.check import format_findings
+    from planner.report import estimate_table, zero_label
+    from planner.terminal import console
+
+    model, cluster, plan = t.model, t.cluster, t.plan
     con = console()
     con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
                                   f"{zero_label(plan.zero_stage)}", trust))
-    if lps is not None:
-        con.print(f"layers per pipeline rank: {','.join(str(x) for x in lps)}; Megatron layout: {layout}",
-                  markup=False, highlight=False)
+    if t.layers_per_stage is not None:
+        con.print(f"layers per pipeline rank: {','.join(str(x) for x in t.layers_per_stage)}; Megatron layout: "
+                  f"{t.layout}", markup=False, highlight=False)
     for name, info in links.items():
         con.print(f"{name} group {info['ranks']}: crosses {', '.join(info['links'])} (up to {info['max_hops']} hops)")
     for f, line in zip(findings, format_findings(findings)):
@@ -438,43 +357,6 @@ def cmd_check(argv: list[str]) -> int:
     if not est.fits:
         con.print(f"[red]does not fit: peak {max(est.peak_memory_bytes) / 1e9:.1f} GB per GPU against "
                   f"{est.memory_capacity_bytes / 1e9:.1f} GB usable (exit 1)[/red]")
-        return 1
-    return 0
-
-
-def _check_split_args(args, model) -> tuple[int, tuple[int, ...] | None, str | None]:
-    """(vpp, layers per pipeline rank or None, layout string or None) of plan check's --layers-per-stage /
-    --pipeline-layout; a list or layout that does not fit --pp and the model is a one-line error."""
-    pp = args.pp
-    if args.pipeline_layout is not None:
-        from planner.outputs import check_layout, parse_layout
-
-        layout = args.pipeline_layout.strip()
-        vpp, per_rank = parse_layout(layout, pp)
-        if args.vpp not in (1, vpp):
-            raise InputError(f"--pipeline-layout {layout!r} has {vpp * pp} stages = pp {pp} x vpp {vpp}, but --vpp "
-                             f"is {args.vpp}; drop --vpp (the layout sets it)")
-        check_layout(model, pp, vpp, layout)
-        return vpp, per_rank, layout
-    if args.layers_per_stage is None:
-        return args.vpp, None, None
-    text = args.layers_per_stage
-    need = f"give {pp} comma-separated counts (one per pipeline rank, --pp {pp}) summing to {model.layers}"
-    try:
-        lps = tuple(int(x) for x in text.replace(" ", "").split(","))
-    except ValueError:
-        raise InputError(f"--layers-per-stage {text!r} is not a list of integers; {need}") from None
-    if len(lps) != pp:
-        raise InputError(f"--layers-per-stage {text!r} has {len(lps)} counts but --pp is {pp}; {need}")
-    if sum(lps) != model.layers:
-        raise InputError(f"--layers-per-stage {text!r} sums to {sum(lps)} but {model.name} has {model.layers} "
-                         f"layers; {need}")
-    bad = [i for i, x in enumerate(lps) if x < 1]
-    if bad:
-        raise InputError(f"--layers-per-stage {text!r}: stage(s) {', '.join(map(str, bad))} hold {min(lps)} layers; "
-                         f"every stage needs at least 1 ({need}; an embedding- or loss-only edge stage is a "
-                         f"--pipeline-layout 'E|...|L')")
-    return args.vpp, lps, None
 
 
 def _routing_args(ap: argparse.ArgumentParser, placement_default: str) -> None:
@@ -488,40 +370,11 @@ def _routing_args(ap: argparse.ArgumentParser, placement_default: str) -> None:
                     help="MoE expert capacity factor with --routing (tokens over it are dropped)")
 
 
-def _load_routing(args, model, restrict: bool = True):
-    """The histogram of --routing; with ``restrict`` a --placement other than best limits the placements searched."""
-    if not args.routing:
-        if args.capacity_factor is not None:
-            raise InputError("--capacity-factor needs --routing FILE (the histogram it applies to)")
-        return None
-    from costmodel.routing import PLACEMENTS
-    from planner.routing import load_routing
-
-    places = PLACEMENTS if (args.placement == "best" or not restrict) else (args.placement,)
-    return load_routing(args.routing, model, capacity_factor=args.capacity_factor, placements=places)
-
-
-def _check_cluster(cluster, group: str | None):
-    """plan check runs on one homogeneous cluster: a device group of a heterogeneous one with --group."""
-    if not cluster.device_groups:
-        if group:
-            raise InputError(f"--group {group}: cluster {cluster.name} has no device_groups")
-        return cluster
-    from costmodel.hetero import group_clusters
-
-    groups = group_clusters(cluster)
-    if group and group not in groups:
-        raise InputError(f"--group {group}: {cluster.name} has no device group {group!r}; valid: {', '.join(groups)}")
-    if group not in groups:
-        raise InputError(f"{cluster.name} has device groups ({', '.join(groups)}): plan check takes one with "
-                         f"--group NAME, or use plan --cluster {cluster.name} to place stages on the groups")
-    return groups[group]
-
-
 def _search_routed(args, model, cluster, gbs: int, routing) -> int:
     """plan --routing on a homogeneous cluster: ep, etp and placement searched under the histogram."""
-    from planner.report import console, plan_row, ranked_table
+    from planner.report import plan_row, ranked_table
     from planner.routing import routed_search, routing_lines
+    from planner.terminal import console
 
     rs = routed_search(model, cluster, gbs, routing)
     res = rs.result
@@ -559,19 +412,11 @@ def _search_routed(args, model, cluster, gbs: int, routing) -> int:
 def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
     """plan on a cluster with device_groups: stages placed on the groups (planner/hetero.py)."""
     from planner.hetero import comparison, hetero_search, plan_dict, write_hetero_outputs
-    from planner.report import console, group_table, hetero_table, stage_balance_table
+    from planner.terminal import progress_bar
 
     kw = dict(top=args.top, scorer=routing.scorer() if routing else None, cost=routing.cost if routing else None)
-    if args.json:
-        res = hetero_search(model, cluster, gbs, **kw)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(TextColumn("placing stages on device groups"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console(stderr=True), transient=True) as prog:
-            task = prog.add_task("hetero", total=None)
-            res = hetero_search(model, cluster, gbs, progress=lambda d, t: prog.update(task, completed=d, total=t),
-                                **kw)
+    with progress_bar("placing stages on device groups", quiet=args.json) as bar:
+        res = hetero_search(model, cluster, gbs, progress=bar and bar.count, **kw)
     if not res.ranked:
         raise InputError(f"no layout of {model.name} ({model.layers} layers) on the device groups of {cluster.name} "
                          f"with global batch {gbs} passes Megatron's rules; try another global batch")
@@ -592,6 +437,15 @@ def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
             out["routing"] = {**routing.summary(), "load_by_ep": {str(k): v for k, v in load.items()}}
         print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
+    return _print_hetero(model, cluster, gbs, routing, res, plans, cmp, launch, load)
+
+
+def _print_hetero(model, cluster, gbs: int, routing, res, plans: list, cmp: dict, launch, load: dict) -> int:
+    """The tables and lines of a heterogeneous search."""
+    from planner.hetero import plan_dict
+    from planner.report import group_table, hetero_table, stage_balance_table
+    from planner.terminal import console
+
     con = console()
     sizes = ", ".join(f"{g.name}: {g.num_gpus} x {g.gpu}" for g in cluster.device_groups)
     con.print(hetero_table(plans, f"{model.name} on {cluster.name} ({sizes}), global batch {gbs} x {model.seq_len} "
@@ -636,11 +490,13 @@ def cmd_validate(argv: list[str]) -> int:
                          "in turn and predict what was left out")
     _profile_arg(ap)
     args = ap.parse_args(argv)
-    from planner.report import CV_TITLES, console, cross_validation_tables, one_run_table, validation_tables
-    from costmodel.validate import cross_validate, interval_coverage, nested_interval_coverage, validate
+    from costmodel.validate import interval_coverage, validate
+    from planner.report import validation_tables
+    from planner.request import validate_profiles
+    from planner.terminal import console
 
     _check_file_target(args.json)
-    override = _validate_override(args.profile_file)
+    override = validate_profiles(args.profile_file)
     result = validate(args.csv, profiles=override)
     if override and not any(r["gpu_type"] in override for r in result["rows"]):
         gpus = sorted({str(r["gpu_type"]) for r in result["rows"]})
@@ -654,24 +510,7 @@ def cmd_validate(argv: list[str]) -> int:
     result["interval_coverage"] = interval_coverage(result["rows"])
     con.print(_coverage_line("published step times inside their P10-P90", result["interval_coverage"]))
     if args.cross_validate:
-        from rich.progress import Progress
-
-        with Progress(console=console(stderr=True), transient=True) as prog:
-            task = prog.add_task("cross-validation folds", total=None)
-            cv = cross_validate(args.csv, progress=lambda label, done, total: prog.update(
-                task, completed=done, total=total, description=f"cross-validation: {label}"))
-        result["cross_validation"] = cv
-        for t in cross_validation_tables(cv):
-            con.print(t)
-        if "one_run_calibration" in cv:
-            con.print(one_run_table(cv["one_run_calibration"]))
-        for scheme, res in cv["schemes"].items():
-            res["interval_coverage"] = interval_coverage(res["rows"])
-            res["nested_interval_coverage"] = nested_interval_coverage(args.csv, res["rows"])
-            con.print(_coverage_line(f"{CV_TITLES.get(scheme, scheme).split(' (')[0]}: held-out step times inside "
-                                     f"the shipped P10-P90", res["interval_coverage"]))
-            con.print(_coverage_line("  inside P10-P90 refitted without their fold too",
-                                     res["nested_interval_coverage"]))
+        result["cross_validation"] = _cross_validate(args.csv, con)
     if args.json:
         rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "model_name", "num_gpus", "moe",
                                         "zero_stage", "pp", "cp", "ep", "precision", "release",
@@ -684,26 +523,34 @@ def cmd_validate(argv: list[str]) -> int:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
-        from planner.outputs import write_file_atomic
+        from costmodel.files import write_file_atomic
 
         write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
 
 
-def _validate_override(spec: str | None) -> dict | None:
-    """--profile FILE for plan validate: {shipped GPU type it replaces: the profile}."""
-    override = _profile_override(spec)
-    if override is None:
-        return None
-    from costmodel.profiles import load_profile, profile_paths, same_gpu
+def _cross_validate(csv: str, con) -> dict:
+    """plan validate --cross-validate: the folds (a progress bar on stderr), their tables and coverage lines."""
+    from costmodel.crossval import cross_validate
+    from costmodel.validate import interval_coverage, nested_interval_coverage
+    from planner.report import CV_TITLES, cross_validation_tables, one_run_table
+    from planner.terminal import progress_bar
 
-    ref, prof = override
-    shipped = [load_profile(str(p)) for p in profile_paths()]
-    hit = [q.name for q in shipped if same_gpu(q, prof)]
-    if not hit:
-        raise InputError(f"--profile {ref}: profile {prof.name} is not a shipped GPU type (name or alias); valid: "
-                         f"{', '.join(q.name for q in shipped)}")
-    return {hit[0]: prof}
+    with progress_bar("cross-validation folds") as bar:
+        cv = cross_validate(csv, progress=lambda label, done, total: bar.labelled(f"cross-validation: {label}",
+                                                                                  done, total))
+    for t in cross_validation_tables(cv):
+        con.print(t)
+    if "one_run_calibration" in cv:
+        con.print(one_run_table(cv["one_run_calibration"]))
+    for scheme, res in cv["schemes"].items():
+        res["interval_coverage"] = interval_coverage(res["rows"])
+        res["nested_interval_coverage"] = nested_interval_coverage(csv, res["rows"])
+        con.print(_coverage_line(f"{CV_TITLES.get(scheme, scheme).split(' (')[0]}: held-out step times inside "
+                                 f"the shipped P10-P90", res["interval_coverage"]))
+        con.print(_coverage_line("  inside P10-P90 refitted without their fold too",
+                                 res["nested_interval_coverage"]))
+    return cv
 
 
 def _coverage_line(what: str, c: dict) -> str:
@@ -714,11 +561,8 @@ def _coverage_line(what: str, c: dict) -> str:
 
 
 def _capacity_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", required=True, help="catalog name (e.g. 70b, 405b) or a HF config.json")
-    ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 (default: 20 per parameter)")
-    ap.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
-    ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
-    ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
+    _model_flags(ap, lambda ap: ap.add_argument("--tokens", default=None, help="tokens to train on: 15T, 300B, 2e12 "
+                                                                             "(default: 20 per parameter)"))
     ap.add_argument("--compression", default="none", help="DP gradient compression: none, int8, int4 (error feedback)")
     ap.add_argument("--price-per-gpu-hour", default=None, help="$ per GPU-hour, instead of the cluster files' price")
     ap.add_argument("--failure-scale", type=_rate, default=1.0, help="multiply the default failure rates (Llama 3)")
@@ -727,56 +571,23 @@ def _capacity_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--restart", default=None, help="overhead per failure before the checkpoint load (default 10m)")
     ap.add_argument("--checkpoint-interval", default=None, help="fixed checkpoint interval, e.g. 1h (default: optimal)")
     ap.add_argument("--async-checkpoint", action="store_true", help="asynchronous checkpoint saves")
-    ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _json_flag(ap)
     ap.add_argument("--plot", metavar="PNG", help="write the figure (time, cost, goodput, throughput, MFU, Pareto)")
     _profile_arg(ap)
 
 
-def _capacity_inputs(args):
-    """Model, compression and the shared assumptions from the arguments (one-line errors on bad values)."""
-    from costmodel.catalog import get_model
-    from costmodel.compression import get_compression
-    from costmodel.goodput import CheckpointPolicy, FailureModel
-    from planner.capacity import Assumptions, default_tokens, parse_duration, parse_money, parse_tokens
-
-    model = get_model(args.model, seq_len=args.seq_len, precision=args.precision)
-    if not args.failure_scale >= 0:
-        raise InputError(f"--failure-scale {args.failure_scale}: expected a factor >= 0 (1 = the Llama 3 rates)")
-    fm = FailureModel()
-    upd = {k: v for k, v in (("per_gpu_hour", args.failures_per_gpu_hour),
-                             ("per_node_hour", args.failures_per_node_hour)) if v is not None}
-    if any(v < 0 for v in upd.values()):
-        raise InputError("--failures-per-gpu-hour / --failures-per-node-hour: expected rates >= 0")
-    if args.restart is not None:
-        upd["restart_overhead_s"] = parse_duration(args.restart, "--restart")
-    fm = fm.model_copy(update=upd).scaled(args.failure_scale)
-    ckpt = CheckpointPolicy(asynchronous=args.async_checkpoint,
-                            interval_s=parse_duration(args.checkpoint_interval, "--checkpoint-interval")
-                            if args.checkpoint_interval else None)
-    tokens = parse_tokens(args.tokens) if args.tokens else default_tokens(model)
-    price = parse_money(args.price_per_gpu_hour, "--price-per-gpu-hour") if args.price_per_gpu_hour else None
-    return model, get_compression(args.compression), Assumptions(tokens, fm, ckpt, price)
-
-
 def _sweep_with_progress(scenarios, assumptions, quiet: bool):
     from planner.capacity import sweep
+    from planner.terminal import progress_bar
 
-    if quiet:
-        return sweep(scenarios, assumptions)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from planner.report import console
-
-    with Progress(TextColumn("planning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as prog:
-        task = prog.add_task("plan", total=len(scenarios))
-        return sweep(scenarios, assumptions, progress=lambda done, total: prog.update(task, completed=done))
+    with progress_bar("planning", len(scenarios), quiet=quiet) as bar:
+        return sweep(scenarios, assumptions, progress=bar and bar.count)
 
 
 def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:
     from planner.capacity import pareto
     from planner.capacity_report import capacity_table, save_capacity_png
-    from planner.outputs import write_file_atomic
+    from costmodel.files import write_file_atomic
 
     if args.plot:
         write_file_atomic(args.plot, lambda p: save_capacity_png(p, points, dims[0], series, title, deadline, budget,
@@ -793,7 +604,7 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
             out["plot"] = args.plot
         print(json.dumps(out, indent=1))
         return 0 if decision.best else 1
-    from planner.report import console
+    from planner.terminal import console
 
     con = console()
     con.print(capacity_table(points, title, dims + ([series] if series and series not in dims else []),
@@ -828,8 +639,9 @@ def cmd_capacity(argv: list[str]) -> int:
     from costmodel.profiles import load_cluster
     from planner.capacity import (REFINE_STEPS, Scenario, capacity_scenarios, decide, parse_duration, parse_money,
                                   parse_vary, refine_sizes)
+    from planner.request import CapacityRequest, scenarios_with_profile
 
-    model, comp, a = _capacity_inputs(args)
+    model, comp, a = _request(CapacityRequest, args).resolve()
     _check_file_target(args.plot)
     if len(set(args.cluster)) != len(args.cluster):
         raise InputError(f"--cluster: a file is given twice ({' '.join(args.cluster)})")
@@ -841,8 +653,8 @@ def cmd_capacity(argv: list[str]) -> int:
     budget = parse_money(args.budget) if args.budget else None
     gpus = parse_vary(f"gpus={args.gpus}")[1] if args.gpus else None
     searching = bool(deadline or budget or args.min_gpus or args.max_gpus)
-    points = _sweep_with_progress(_scenarios_with_profile(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus,
-                                                                             searching), args.profile_file),
+    points = _sweep_with_progress(scenarios_with_profile(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus,
+                                                                            searching), args.profile_file),
                                   a, args.json)
     for _ in range(REFINE_STEPS if searching and not gpus else 0):
         extra = refine_sizes(points, deadline, budget)
@@ -867,15 +679,16 @@ def cmd_whatif(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     from costmodel.profiles import load_cluster
     from planner.capacity import Scenario, decide, parse_vary, whatif_scenarios
+    from planner.request import CapacityRequest, scenarios_with_profile
 
-    model, comp, a = _capacity_inputs(args)
+    model, comp, a = _request(CapacityRequest, args).resolve()
     _check_file_target(args.plot)
     if len(args.vary) > 2:
         raise InputError(f"--vary given {len(args.vary)} times: at most two quantities (x axis and series)")
     cluster = load_cluster(args.cluster)
     dims = [parse_vary(v) for v in args.vary]
     scenarios = whatif_scenarios(Scenario(model, cluster, args.global_batch, comp, (), args.cluster), dims)
-    points = _sweep_with_progress(_scenarios_with_profile(scenarios, args.profile_file), a, args.json)
+    points = _sweep_with_progress(scenarios_with_profile(scenarios, args.profile_file), a, args.json)
     decision = decide(points)
     names = [d for d, _ in dims]
     title = (f"what if: {model.name} on {a.tokens / 1e12:g}T tokens, {cluster.name} varied by {' x '.join(names)}")
@@ -914,7 +727,7 @@ def cmd_profile(argv: list[str]) -> int:
     from executor import profile_build as pb
     from executor.profile import ProfileError, default_config
     from executor.profile_report import headline, summary, tables
-    from planner.report import console
+    from planner.terminal import console
 
     command = "plan profile " + shlex.join(argv)
     if args.into:
@@ -966,16 +779,10 @@ def _need_executor(command: str, modules: tuple[str, ...] = ("torch", "megatron.
 
 def _with_steps(run, total: int, first: str, quiet: bool):
     """run(progress) with a rich progress bar on stderr that advances on each progress(message)."""
-    if quiet:
-        return run(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from planner.terminal import progress_bar
 
-    from planner.report import console
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as prog:
-        task = prog.add_task(first, total=total)
-        return run(lambda msg: prog.update(task, advance=1, description=msg))
+    with progress_bar(first, total, quiet=quiet) as bar:
+        return run(bar and bar.step)
 
 
 def _train_args(ap: argparse.ArgumentParser) -> None:
@@ -1052,8 +859,9 @@ def cmd_calibrate(argv: list[str]) -> int:
         print(json.dumps(report, indent=1))
         return 0
     from executor.report import calibration_table
+    from planner.terminal import console
 
-    calibration_table(report)
+    calibration_table(report, console())
     return 0
 
 
@@ -1071,34 +879,40 @@ def cmd_autotune(argv: list[str]) -> int:
     _train_args(ap)
     args = ap.parse_args(argv)
     _need_executor("autotune")
-    from costmodel.profiles import load_profile
+    from costmodel.estimate import estimate_arrays
     from executor.autotune import autotune, result_json
     from executor.report import autotune_table
-    from planner.space import default_global_batch
+    from planner.terminal import console
+    from planner.request import PlanRequest
+    from planner.search import exhaustive
 
-    model, cluster = _model_cluster(args)
-    prof = load_profile(args.profile) if args.profile else None
-    host = (prof or load_profile(cluster.gpu)).kind == "host"
-    # On CPU processes the ~4M-token default batch would take hours per step: 8 sequences per rank there.
-    gb = args.global_batch or (8 * cluster.num_gpus if host else default_global_batch(model, cluster.num_gpus))
+    target = _request(PlanRequest, args, start_profile=args.profile, host_batch=True).resolve()
+    model, cluster, prof, gb = target.model, target.cluster, target.profile, target.global_batch
     say = (lambda msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    res = autotune(model, cluster, global_batch=gb, run_dir=args.run_dir, trial_steps=args.trial_steps,
-                   top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof, data=args.data, say=say,
-                   trial_timeout_s=args.trial_timeout)
+
+    def rank_plans(profile):
+        """The plans that fit under ``profile``, fastest predicted first, with their predicted step times."""
+        found = exhaustive(model, cluster, gb, lambda m, c, p: estimate_arrays(m, c, p, profile=profile))
+        for rank, i in enumerate(found.order):
+            if not found.scores["fits"][i]:
+                return
+            yield found.split_plan(rank), float(found.scores["step_time_s"][i])
+
+    res = autotune(model, cluster, global_batch=gb, rank_plans=rank_plans, run_dir=args.run_dir,
+                   trial_steps=args.trial_steps, top_k=args.top_k, steps=args.steps, dtype=args.dtype, profile=prof,
+                   data=args.data, say=say, trial_timeout_s=args.trial_timeout)
     if args.json:
         print(json.dumps(result_json(res), indent=1))
     else:
-        autotune_table(res)
+        autotune_table(res, console())
     return 0
 
 
-class PlanNote(UserWarning):
-    """Something the user should know about a run that went through (printed after it, not before an error)."""
-
-
 def main(argv: list[str] | None = None) -> int:
-    """The ``plan`` command; PlanNote warnings raised on the way are printed as notes at the end, unless the
+    """The ``plan`` command (planner.request.PlanNote is the note warning); PlanNote warnings raised on the way are printed as notes at the end, unless the
     command ends in a one-line input error (exit 2)."""
+    from planner.request import PlanNote
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PlanNote)
         rc = _dispatch(argv)

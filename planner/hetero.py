@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.estimate import STEP_OVERHEAD_S, PlanArrays
-from costmodel.hetero import (HeteroEstimate, HeteroPlan, estimate_hetero, group_clusters, optimal_split,
-                              stage_coefficients)
+from costmodel.hetero import HeteroEstimate, HeteroPlan, estimate_hetero, group_clusters
 from costmodel.profiles import InputError, load_profile
 from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.split import optimal_split, stage_coefficients
 from planner.search import default_cost, exhaustive
 from planner.space import MICRO_BATCHES, RECOMPUTE_NAMES, cp_degrees, ep_degrees
 

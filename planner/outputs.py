@@ -23,14 +23,14 @@ import json
 import os
 import re
 import shlex
-import shutil
-import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
+from costmodel.files import Writer, write_files_atomic
 from costmodel.profiles import InputError
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
+from costmodel.plan import data_parallel, megatron_layout, parse_megatron_layout
 
 __all__ = [
     "OUTPUT_FILES",
@@ -64,7 +64,10 @@ _FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 #   t decoder layer, m MTP layer; stages split by "|", "(..)*n" and "x*n" unrolled, commas cosmetic.
 #   __init__: "layout[vpp_rank * pipeline_model_parallel_size + pp_rank]" -- stage k of the flat list
 #   is virtual chunk k // pp of pipeline rank k % pp.
+# costmodel/plan.py parses layouts (parse_megatron_layout) and writes them (megatron_layout); this section adds the
+# one-line errors a user-given layout gets and the MTP placement the cost model supports.
 def _unroll_layout(layout: str) -> list[str]:
+    """The virtual stages of a layout, unrolled (to name in errors what is wrong with it)."""
     s = layout.replace(",", "").replace(" ", "")
     s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
     s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
@@ -87,16 +90,13 @@ def parse_layout(layout: str, pp: int) -> tuple[int, tuple[int, ...]]:
         raise InputError(f"pipeline layout {layout!r} must start with one 'E' (embedding) and end with one "
                          f"'L' (loss)")
     vpp = len(stages) // pp
-    per_rank = tuple(sum(stages[v * pp + r].count("t") for v in range(vpp)) for r in range(pp))
-    return vpp, per_rank
+    return vpp, parse_megatron_layout(layout.replace(" ", ""), pp, vpp)
 
 
 def layout_from_layers_per_stage(layers_per_stage: tuple[int, ...] | list[int], vpp: int = 1, mtp: int = 0) -> str:
     """A layout string placing ``layers_per_stage[r]`` decoder layers on pipeline rank r (embedding first, MTP
-    modules and loss last, a rank's later chunks taking the remainder); written by planner/split.py beside
+    modules and loss last, a rank's later chunks taking the remainder); written by costmodel/plan.py beside
     the split."""
-    from planner.split import megatron_layout
-
     return megatron_layout(tuple(int(x) for x in layers_per_stage), vpp, mtp=mtp)
 
 
@@ -133,13 +133,27 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
+@dataclass
+class _Flags:
+    """Megatron-LM flags as they are built: the flags, the facts of the model no flag states, comment items."""
+
+    out: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
 def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> tuple[list[str], list[str]]:
     """(flags, lost): the Megatron-LM flags that build ``model``'s architecture, and the facts of the model that
     no flag can state (``model.unexpressed`` first). ``megatron_args`` writes ``lost`` as one
     ``# not expressed: ...`` comment line."""
-    out: list[str] = []
-    lost: list[str] = list(model.unexpressed)
-    # -- model shape ---------------------------------------------------------------------------
+    f = _Flags(lost=list(model.unexpressed))
+    for section in (_shape_flags, _position_flags, _layer_flags, _mla_flags, _moe_flags):
+        section(model, f)
+    return f.out, f.lost
+
+
+def _shape_flags(model: ModelSpec, f: _Flags) -> None:
+    """Layers, widths, heads, sequence length, embeddings."""
     # arguments.py _add_network_size_args:
     #   group.add_argument('--num-layers', type=int, default=None, help='Number of transformer layers.')
     #   '--hidden-size', '--ffn-hidden-size', '--num-attention-heads', '--kv-channels',
@@ -148,17 +162,20 @@ def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> 
     #   '--untie-embeddings-and-output-weights', '--multi-latent-attention'.
     # arguments.py _add_data_args: group.add_argument('--seq-length', type=int, ...)
     mla = model.mla_kv_lora_rank is not None
-    out += [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
+    f.out += [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}",
             f"--ffn-hidden-size {model.ffn_hidden}", f"--num-attention-heads {model.heads}"]
     if model.hidden % model.heads or model.head_width != model.hidden // model.heads:
-        out.append(f"--kv-channels {model.head_width}")
+        f.out.append(f"--kv-channels {model.head_width}")
     if not mla and model.kv_heads is not None and model.kv_heads != model.heads:
-        out += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
-    out += [f"--seq-length {model.seq_len}", f"--max-position-embeddings {model.seq_len}"]
+        f.out += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
+    f.out += [f"--seq-length {model.seq_len}", f"--max-position-embeddings {model.seq_len}"]
     if not model.tied_embeddings:
-        out.append("--untie-embeddings-and-output-weights")
+        f.out.append("--untie-embeddings-and-output-weights")
 
-    # -- positions ----------------------------------------------------------------------------------
+
+def _position_flags(model: ModelSpec, f: _Flags) -> None:
+    """Learned positions or RoPE with its base, fraction and scaling."""
+    mla = model.mla_kv_lora_rank is not None
     # _add_network_size_args: group.add_argument('--rotary-base', type=int, default=10000, ...),
     #   '--rotary-percent' (type=float, default=1.0), '--rotary-seq-len-interpolation-factor' (type=int),
     #   group.add_argument('--use-rope-scaling', action='store_true', help='Apply rope scaling as used in llama3.x'),
@@ -169,83 +186,90 @@ def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> 
     # _add_mla_args: '--rotary-scaling-factor' (float, default 1.0), '--mscale' (1.0), '--mscale-all-dim' (0.0);
     #   MLATransformerConfig fixes original_max_position_embeddings=4096, beta_fast=32, beta_slow=1 (no flags).
     if model.learned_position_embeddings:
-        out.append("--position-embedding-type learned_absolute")
+        f.out.append("--position-embedding-type learned_absolute")
     else:
-        out.append("--position-embedding-type rope")
+        f.out.append("--position-embedding-type rope")
         if float(model.rotary_base).is_integer():
-            out.append(f"--rotary-base {int(model.rotary_base)}")
+            f.out.append(f"--rotary-base {int(model.rotary_base)}")
         else:
-            lost.append(f"rotary base {model.rotary_base} (Megatron's --rotary-base takes an integer)")
+            f.lost.append(f"rotary base {model.rotary_base} (Megatron's --rotary-base takes an integer)")
         if model.rotary_percent != 1.0:
-            out.append(f"--rotary-percent {_num(model.rotary_percent)}")
+            f.out.append(f"--rotary-percent {_num(model.rotary_percent)}")
         rs = model.rope_scaling
         if rs is None:
             if mla:
                 # MLATransformerConfig defaults to yarn, and "apply_rope_fusion for MLA only works with YARN RoPE"
                 # (_add_training_args: '--no-rope-fusion', dest='apply_rope_fusion').
-                out += ["--rope-type rope", "--no-rope-fusion"]
+                f.out += ["--rope-type rope", "--no-rope-fusion"]
         elif rs.type == "yarn" and mla:
-            out += ["--rope-type yarn", f"--rotary-scaling-factor {_num(rs.factor)}", f"--mscale {_num(rs.mscale)}",
+            f.out += ["--rope-type yarn", f"--rotary-scaling-factor {_num(rs.factor)}", f"--mscale {_num(rs.mscale)}",
                     f"--mscale-all-dim {_num(rs.mscale_all_dim)}"]
             fixed = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
             for name, value in fixed.items():
                 if getattr(rs, name) not in (None, value):
-                    lost.append(f"YaRN {name}={getattr(rs, name)} (Megatron fixes {value})")
+                    f.lost.append(f"YaRN {name}={getattr(rs, name)} (Megatron fixes {value})")
         elif rs.type == "yarn":
-            lost.append(f"YaRN rope scaling (factor {_num(rs.factor)}): Megatron-LM applies YaRN only with "
+            f.lost.append(f"YaRN rope scaling (factor {_num(rs.factor)}): Megatron-LM applies YaRN only with "
                         f"--multi-latent-attention")
         elif rs.type == "llama3":
-            out += ["--use-rope-scaling", f"--rope-scaling-factor {_num(rs.factor)}"]
+            f.out += ["--use-rope-scaling", f"--rope-scaling-factor {_num(rs.factor)}"]
             fixed = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
             for name, value in fixed.items():
                 if getattr(rs, name) not in (None, value):
-                    lost.append(f"llama3 rope scaling {name}={getattr(rs, name)} (Megatron fixes {value})")
+                    f.lost.append(f"llama3 rope scaling {name}={getattr(rs, name)} (Megatron fixes {value})")
         elif float(rs.factor).is_integer():
-            out.append(f"--rotary-seq-len-interpolation-factor {int(rs.factor)}")
+            f.out.append(f"--rotary-seq-len-interpolation-factor {int(rs.factor)}")
         else:
-            lost.append(f"linear rope scaling by {rs.factor} (Megatron's interpolation factor is an integer)")
+            f.lost.append(f"linear rope scaling by {rs.factor} (Megatron's interpolation factor is an integer)")
 
-    # -- layer internals ------------------------------------------------------------------------------
+
+def _layer_flags(model: ModelSpec, f: _Flags) -> None:
+    """Normalisation, activation, biases, dropout."""
     # _add_network_size_args: '--normalization' choices=['LayerNorm', 'RMSNorm'], '--norm-epsilon' (float,
     #   default 1e-5), '--apply-layernorm-1p' ("LayerNorm weights ... centered around zero"), '--squared-relu',
     #   '--swiglu', '--quick-geglu', '--activation-func-clamp-value', '--glu-linear-offset' (default gelu).
     # _add_vision_args (sic): group.add_argument('--qk-layernorm', action='store_true', ...).
     # _add_training_args: '--disable-bias-linear' (dest='add_bias_linear'), '--add-qkv-bias'.
     # _add_regularization_args: '--attention-dropout' (default 0.1), '--hidden-dropout' (default 0.1).
-    out.append("--normalization " + ("RMSNorm" if model.normalization == "RMSNorm" else "LayerNorm"))
+    f.out.append("--normalization " + ("RMSNorm" if model.normalization == "RMSNorm" else "LayerNorm"))
     if model.normalization == "LayerNorm1p":
-        out.append("--apply-layernorm-1p")
-    out.append(f"--norm-epsilon {_num(model.norm_epsilon)}")
+        f.out.append("--apply-layernorm-1p")
+    f.out.append(f"--norm-epsilon {_num(model.norm_epsilon)}")
     if model.qk_norm:
-        out.append("--qk-layernorm")
+        f.out.append("--qk-layernorm")
     act = {"swiglu": "--swiglu", "squared_relu": "--squared-relu", "quick_geglu": "--quick-geglu", "gelu": None}
     if model.activation in act:
-        out += [act[model.activation]] if act[model.activation] else []
+        f.out += [act[model.activation]] if act[model.activation] else []
     else:
-        lost.append(f"activation {model.activation} (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and "
+        f.lost.append(f"activation {model.activation} (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and "
                     f"GELU)")
     if model.activation_clamp is not None:
-        out.append(f"--activation-func-clamp-value {_num(model.activation_clamp)}")
+        f.out.append(f"--activation-func-clamp-value {_num(model.activation_clamp)}")
     if model.glu_linear_offset:
-        out.append(f"--glu-linear-offset {_num(model.glu_linear_offset)}")
+        f.out.append(f"--glu-linear-offset {_num(model.glu_linear_offset)}")
     if not model.linear_bias:
-        out.append("--disable-bias-linear")
+        f.out.append("--disable-bias-linear")
         if model.qkv_bias:
-            out.append("--add-qkv-bias")
-    out += [f"--attention-dropout {_num(model.attention_dropout)}", f"--hidden-dropout {_num(model.hidden_dropout)}"]
+            f.out.append("--add-qkv-bias")
+    f.out += [f"--attention-dropout {_num(model.attention_dropout)}", f"--hidden-dropout {_num(model.hidden_dropout)}"]
 
-    # -- multi-head latent attention -------------------------------------------------------------
+
+def _mla_flags(model: ModelSpec, f: _Flags) -> None:
+    """Multi-head latent attention."""
+    mla = model.mla_kv_lora_rank is not None
     # arguments.py _add_mla_args: group.add_argument('--q-lora-rank', type=int, default=None, ...),
     #   '--kv-lora-rank', '--qk-head-dim', '--qk-pos-emb-head-dim', '--v-head-dim'.
     if mla:
-        out.append("--multi-latent-attention")
+        f.out.append("--multi-latent-attention")
         if model.mla_q_lora_rank is not None:
-            out.append(f"--q-lora-rank {model.mla_q_lora_rank}")
-        out += [f"--kv-lora-rank {model.mla_kv_lora_rank}", f"--qk-head-dim {model.head_width}",
+            f.out.append(f"--q-lora-rank {model.mla_q_lora_rank}")
+        f.out += [f"--kv-lora-rank {model.mla_kv_lora_rank}", f"--qk-head-dim {model.head_width}",
                 f"--qk-pos-emb-head-dim {model.mla_rope_dim}",
                 f"--v-head-dim {model.mla_v_head_dim or model.head_width}"]
 
-    # -- mixture of experts -----------------------------------------------------------------------
+
+def _moe_flags(model: ModelSpec, f: _Flags) -> None:
+    """Mixture of experts and multi-token prediction."""
     # arguments.py _add_moe_args: group.add_argument('--num-experts', type=int, default=None, ...),
     #   '--moe-router-topk', '--moe-ffn-hidden-size',
     #   '--moe-shared-expert-intermediate-size' ("num_shared_experts * ffn_size_of_each_shared_expert"),
@@ -258,33 +282,32 @@ def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> 
     #   the scaling factor multiplies the weights either way. TransformerConfig: "Please use
     #   --moe-router-pre-softmax when topk is 1".
     if model.is_moe:
-        out += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_topk}",
+        f.out += [f"--num-experts {model.num_experts}", f"--moe-router-topk {model.moe_topk}",
                 f"--moe-ffn-hidden-size {model.expert_ffn}"]
         if model.shared_experts:
-            out.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
+            f.out.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
         if model.dense_layers:
-            out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
-        out.append(f"--moe-router-score-function {model.moe_router_score}")
+            f.out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
+        f.out.append(f"--moe-router-score-function {model.moe_router_score}")
         if model.moe_router_score == "softmax":
             if not model.moe_router_norm_topk:
-                out.append("--moe-router-pre-softmax")
+                f.out.append("--moe-router-pre-softmax")
             elif model.moe_topk == 1:
-                lost.append("top-1 routing weight renormalised to 1 (Megatron needs --moe-router-pre-softmax with "
+                f.lost.append("top-1 routing weight renormalised to 1 (Megatron needs --moe-router-pre-softmax with "
                             "top-1)")
         elif not model.moe_router_norm_topk and model.moe_topk > 1:
-            lost.append("sigmoid routing weights without renormalisation (Megatron renormalises the top-k)")
+            f.lost.append("sigmoid routing weights without renormalisation (Megatron renormalises the top-k)")
         if model.moe_router_expert_bias:
-            out.append("--moe-router-enable-expert-bias")
+            f.out.append("--moe-router-enable-expert-bias")
         if model.moe_router_topk_scaling != 1.0:
-            out.append(f"--moe-router-topk-scaling-factor {_num(model.moe_router_topk_scaling)}")
+            f.out.append(f"--moe-router-topk-scaling-factor {_num(model.moe_router_topk_scaling)}")
         if model.moe_router_groups is not None:
-            out += [f"--moe-router-num-groups {model.moe_router_groups}",
+            f.out += [f"--moe-router-num-groups {model.moe_router_groups}",
                     f"--moe-router-group-topk {model.moe_router_group_topk}"]
-        out.append("--moe-token-dispatcher-type alltoall")
+        f.out.append("--moe-token-dispatcher-type alltoall")
     # arguments.py _add_network_size_args: '--mtp-num-layers' ("Number of Multi-Token Prediction (MTP) Layers").
     if model.mtp_layers:
-        out.append(f"--mtp-num-layers {model.mtp_layers}")
-    return out, lost
+        f.out.append(f"--mtp-num-layers {model.mtp_layers}")
 
 
 def _grouped_gemm_issue(model: ModelSpec, transformer_engine: bool) -> str | None:
@@ -315,32 +338,49 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
         raise InputError(f"precision {model.precision} needs Transformer Engine, which needs compute capability "
                          f"8.0 or newer; valid without it: bf16, fp16, fp32")
     out, lost = architecture_flags(model, transformer_engine=transformer_engine)
-    notes: list[str] = []
+    f = _Flags(out=out, lost=lost)
+    _engine_flags(model, plan, f, transformer_engine)
+    _degree_flags(model, plan, f, layout)
+    _runtime_flags(plan, f, transformer_engine)
+    # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
+    #   group.add_argument('--global-batch-size', type=int, default=None, ...).
+    f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
+    _recompute_flags(plan, f)
+    _precision_flags(model, f, fp8_recipe)
+    if f.lost:
+        f.notes.insert(0, "# not expressed: " + "; ".join(f.lost))
+    return f.out + f.notes
+
+
+def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> None:
+    """What the plan's implementation takes beyond the architecture: MoE biases, Transformer Engine or the local
+    implementation, grouped GEMMs, the vocabulary note."""
     if model.is_moe and model.linear_bias and plan.etp > 1:
         # TransformerConfig.__post_init__: "Bias in Moe is only supported when ETP==1".
-        out.append("--disable-bias-linear")
-        lost.append(f"linear biases (Megatron has MoE biases only with expert-tensor-parallel-size 1, the plan has "
+        f.out.append("--disable-bias-linear")
+        f.lost.append(f"linear biases (Megatron has MoE biases only with expert-tensor-parallel-size 1, the plan has "
                     f"etp={plan.etp})")
-    fsdp = plan.zero_stage >= 2
     # arguments.py _add_transformer_engine_args: group.add_argument('--transformer-impl',
     #   default='transformer_engine', choices=['local', 'transformer_engine'], ...).
     if not transformer_engine:
-        out.append("--transformer-impl local")
-        notes.append("# Transformer Engine needs compute capability 8.0: megatron-core's local implementation, "
+        f.out.append("--transformer-impl local")
+        f.notes.append("# Transformer Engine needs compute capability 8.0: megatron-core's local implementation, "
                      "no --tp-comm-overlap")
     # arguments.py _add_moe_args: '--moe-grouped-gemm' (the cost model prices, and the executor runs, grouped GEMMs).
     if model.is_moe:
         issue = _grouped_gemm_issue(model, transformer_engine)
         if issue is None:
-            out.append("--moe-grouped-gemm")
+            f.out.append("--moe-grouped-gemm")
         else:
-            notes.append(f"# --moe-grouped-gemm left out: {issue} (the estimate prices grouped GEMMs)")
+            f.notes.append(f"# --moe-grouped-gemm left out: {issue} (the estimate prices grouped GEMMs)")
     # arguments.py _add_tokenizer_args defines '--vocab-size' but the tokenizer normally sets the
     # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
-    notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
+    f.notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
                  f"pass --vocab-size {model.vocab})")
 
-    # -- parallelism ------------------------------------------------------------------------------
+
+def _degree_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, layout: str | None) -> None:
+    """The parallel degrees, the pipeline layout or virtual stages, sequence parallelism."""
     # arguments.py _add_distributed_args:
     #   group.add_argument('--tensor-model-parallel-size', type=int, default=1, ...),
     #   '--pipeline-model-parallel-size', '--pipeline-model-parallel-layout' ("E|(t|)*3,m|m||L"),
@@ -363,78 +403,80 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     # validate_args: "No more than one of the following arguments can be set at the same time:
     #   --num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,
     #   --pipeline-model-parallel-layout" -> vpp comes from the layout when there is one.
-    out += [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}"]
+    f.out += [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}"]
     if layout is None and plan.layers_per_stage is not None:
         layout = layout_from_layers_per_stage(plan.layers_per_stage, plan.vpp, model.mtp_layers)
     if layout is not None:
         _check_layout(model, plan, layout)
-        out.append(f"--pipeline-model-parallel-layout {layout}")
+        f.out.append(f"--pipeline-model-parallel-layout {layout}")
     elif plan.vpp > 1:
-        out.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
+        f.out.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
     if plan.vpp > 1 and plan.pp == 2:
         # validate_args: without overlap_p2p_comm "pipeline-model-parallel size should be greater than 2";
         # '--no-overlap-p2p-communication' (store_false, dest='overlap_p2p_comm') is the only flag and
         # batch_p2p_comm = not overlap_p2p_comm (core_transformer_config_from_args): the defaults are right.
-        notes.append("# interleaved schedule with pp=2: keep Megatron's default p2p overlap "
+        f.notes.append("# interleaved schedule with pp=2: keep Megatron's default p2p overlap "
                      "(overlap_p2p_comm=True, batch_p2p_comm=False); never add --no-overlap-p2p-communication")
     if plan.cp > 1:
-        out.append(f"--context-parallel-size {plan.cp}")
+        f.out.append(f"--context-parallel-size {plan.cp}")
     if model.is_moe or plan.ep != 1:
-        out.append(f"--expert-model-parallel-size {plan.ep}")
+        f.out.append(f"--expert-model-parallel-size {plan.ep}")
     if model.is_moe or plan.etp != 1:
-        out.append(f"--expert-tensor-parallel-size {plan.etp}")
+        f.out.append(f"--expert-tensor-parallel-size {plan.etp}")
     if plan.sequence_parallel and plan.tp > 1:
-        out.append("--sequence-parallel")
+        f.out.append("--sequence-parallel")
+
+
+def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> None:
+    """Communication overlap, data-parallel sharding (distributed optimizer, Megatron-FSDP), rank order."""
+    fsdp = plan.zero_stage >= 2
     core = plan.framework == "megatron-core"
     if core and plan.tp > 1 and plan.sequence_parallel and transformer_engine:
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
         # parallelism is enabled".
-        out.append("--tp-comm-overlap")
+        f.out.append("--tp-comm-overlap")
     if plan.distributed_optimizer or fsdp:
-        out.append("--use-distributed-optimizer")
+        f.out.append("--use-distributed-optimizer")
     if fsdp:
         # ZeRO-2/3 = Megatron-FSDP optim_grads / optim_grads_params (costmodel/rules.py); validate_args:
         # "Megatron FSDP only supports fsdp_dtensor checkpoint format"; gradient accumulation fusion is
         # switched off as Megatron-Bridge does ("not supported with Megatron FSDP").
         strategy = "optim_grads" if plan.zero_stage == 2 else "optim_grads_params"
-        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+        f.out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
         if plan.zero_stage >= 3:
-            out.append("--init-model-with-meta-device")
+            f.out.append("--init-model-with-meta-device")
         if plan.tp > 1 or plan.cp > 1:
             # validate_args (before Blackwell) warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1 here.
-            notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
+            f.notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
                          "CUDA_DEVICE_MAX_CONNECTIONS (1 vs more) before Blackwell; FSDP's requirement wins")
     if core:
         # The cost model counts the logits as Transformer Engine's fused cross-entropy keeps them, in place
         # (costmodel/memory.py LOGITS_BYTES_TE_FUSED); megatron-core model_parallel_config.py:241-246
         # (cross_entropy_loss_fusion, cross_entropy_fusion_impl 'native' | 'te'), arguments.py
         # '--cross-entropy-loss-fusion', '--cross-entropy-fusion-impl'.
-        out += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
-        out.append("--overlap-grad-reduce")
+        f.out += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
+        f.out.append("--overlap-grad-reduce")
         if plan.distributed_optimizer or fsdp:
             # validate_args: "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"
-            out.append("--overlap-param-gather")
+            f.out.append("--overlap-param-gather")
     else:
-        notes.append(f"# plan framework is {plan.framework}; these flags are for megatron-core "
+        f.notes.append(f"# plan framework is {plan.framework}; these flags are for megatron-core "
                      f"(no overlap flags written)")
     if plan.rank_order == _TP_PP_DP_ORDER and fsdp and plan.pp == 1:
         # Megatron-Bridge refuses "use_tp_pp_dp_mapping is not supported with Megatron FSDP"; with pp = 1
         # both orders place the ranks alike.
-        notes.append(f"# rank order {plan.rank_order} equals {_DEFAULT_ORDER} with pp=1; --use-tp-pp-dp-mapping "
+        f.notes.append(f"# rank order {plan.rank_order} equals {_DEFAULT_ORDER} with pp=1; --use-tp-pp-dp-mapping "
                      f"left out (not supported with Megatron-FSDP)")
     elif plan.rank_order == _TP_PP_DP_ORDER:
-        out.append("--use-tp-pp-dp-mapping")
+        f.out.append("--use-tp-pp-dp-mapping")
     elif plan.rank_order != _DEFAULT_ORDER:
-        notes.append(f"# rank order {plan.rank_order} has no Megatron flag (megatron-core supports "
+        f.notes.append(f"# rank order {plan.rank_order} has no Megatron flag (megatron-core supports "
                      f"{_DEFAULT_ORDER} and, with --use-tp-pp-dp-mapping, {_TP_PP_DP_ORDER})")
 
-    # -- batch ------------------------------------------------------------------------------------
-    # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
-    #   group.add_argument('--global-batch-size', type=int, default=None, ...).
-    out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
 
-    # -- activation recomputation -----------------------------------------------------------------
+def _recompute_flags(plan: ParallelPlan, f: _Flags) -> None:
+    """Activation recomputation."""
     # arguments.py _add_training_args: '--recompute-granularity' choices=['full', 'selective'],
     #   '--recompute-method' choices=['uniform', 'block'], '--recompute-num-layers' ("2) block: the
     #   number of individual Transformer layers to recompute within each pipeline stage").
@@ -443,21 +485,23 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     #   (as costmodel/validate.py recompute_options builds it). Full recompute of every layer is
     #   uniform with 1 layer per unit.
     if plan.recompute == "selective":
-        out.append("--recompute-granularity selective")
+        f.out.append("--recompute-granularity selective")
     elif plan.recompute == "full":
         if plan.recompute_layers is None:
-            out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+            f.out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
         elif plan.recompute_layers == 0:
-            notes.append("# full recompute of 0 layers per stage = no recomputation (no flags written)")
+            f.notes.append("# full recompute of 0 layers per stage = no recomputation (no flags written)")
         else:
             if plan.recompute_layers % plan.vpp:
                 raise InputError(f"recompute_layers={plan.recompute_layers} is not a multiple of vpp={plan.vpp}: "
                                  f"Megatron's --recompute-num-layers counts layers per virtual chunk; valid: "
                                  f"multiples of {plan.vpp}, or None (all)")
-            out += ["--recompute-granularity full", "--recompute-method block",
+            f.out += ["--recompute-granularity full", "--recompute-method block",
                     f"--recompute-num-layers {plan.recompute_layers // plan.vpp}"]
 
-    # -- precision --------------------------------------------------------------------------------
+
+def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
+    """Mixed precision, FP8 and FP4 recipes, loss scaling."""
     # arguments.py _add_mixed_precision_args: group.add_argument('--bf16', action='store_true', ...), '--fp16'.
     # arguments.py _add_transformer_engine_args:
     #   group.add_argument('--fp8-format', default=None, choices=['e4m3', 'hybrid'], ..., dest='fp8')
@@ -471,22 +515,18 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     # validate_args: params_dtype = torch.float unless --fp16 / --bf16: an fp32 plan writes neither.
     p = model.precision
     if p == "fp16":
-        out += ["--fp16", f"--initial-loss-scale {2 ** 32}"]
-        notes.append("# fp16: dynamic loss scaling (no --loss-scale), from 2^32 as Megatron does")
+        f.out += ["--fp16", f"--initial-loss-scale {2 ** 32}"]
+        f.notes.append("# fp16: dynamic loss scaling (no --loss-scale), from 2^32 as Megatron does")
     elif p == "fp32":
-        notes.append("# fp32: neither --bf16 nor --fp16 (parameters and GEMMs in fp32, as the estimate prices)")
+        f.notes.append("# fp32: neither --bf16 nor --fp16 (parameters and GEMMs in fp32, as the estimate prices)")
     else:
-        out.append("--bf16")
+        f.out.append("--bf16")
     if p == "fp8":
-        out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
+        f.out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
     elif p == "mxfp8":
-        out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
+        f.out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
     elif p == "nvfp4":
-        out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
-    if lost:
-        notes.insert(0, "# not expressed: " + "; ".join(lost))
-
-    return out + notes
+        f.out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
 
 
 # Parsing ----------------------------------------------------------------------------------------
@@ -560,7 +600,7 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
         if num_gpus % (tp * pp * cp):
             raise InputError(f"Megatron arguments: {num_gpus} GPUs are not divisible by tp*pp*cp = "
                              f"{tp}*{pp}*{cp} = {tp * pp * cp}")
-        out["dp"] = num_gpus // (tp * pp * cp)
+        out["dp"] = data_parallel(num_gpus, tp, pp, cp)
 
     num_layers = _int(f, "--num-layers")
     layout = f.get("--pipeline-model-parallel-layout")
@@ -1027,89 +1067,6 @@ def _jsonable(obj: Any) -> Any:
         return None
     # model_dump_json writes inf/nan as null (strict JSON), unlike json.dumps of model_dump().
     return json.loads(obj.model_dump_json())
-
-
-Writer = Callable[[Path], None] | str
-"""A file's content: text, or a function that writes the file at the path it is given."""
-
-
-def write_files_atomic(directory: str | os.PathLike, files: dict[str, Writer], *, executable: tuple[str, ...] = (),
-                       create: bool = False) -> list[Path]:
-    """Write ``files`` (name -> content) into ``directory``: each to a temporary file in that directory
-    (so every rename stays on one filesystem), synced, then all renamed into place. A failure before the
-    renames leaves the directory as it was (and removes it when ``create`` made it); errors are one-line
-    InputErrors naming the path. The project's only writer of user-facing output files."""
-    out = Path(directory)
-    what = check_target(out, tuple(files), create=create)
-    umask = os.umask(0)
-    os.umask(umask)
-    made = done = False
-    temps: dict[str, Path] = {}
-    try:
-        if not out.is_dir():
-            out.mkdir(mode=0o777)
-            made = True
-        for name, content in files.items():
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.tmp-", suffix=Path(name).suffix)
-            temps[name] = Path(tmp)
-            if callable(content):
-                os.close(fd)
-                content(temps[name])
-                with open(tmp, "rb+") as fh:
-                    os.fsync(fh.fileno())
-            else:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(content)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            mode = 0o666 & ~umask
-            if name in executable:
-                mode |= 0o111 & ~umask
-            os.chmod(tmp, mode)
-        for name, tmp in temps.items():
-            os.replace(tmp, out / name)
-        done = True
-    except OSError as exc:
-        raise InputError(f"{what}: cannot write ({exc.strerror or exc})") from None
-    finally:
-        if not done:
-            for tmp in temps.values():
-                tmp.unlink(missing_ok=True)
-            if made:
-                shutil.rmtree(out, ignore_errors=True)
-    return [out / name for name in files]
-
-
-def check_target(directory: str | os.PathLike, names: tuple[str, ...], *, create: bool = False) -> str:
-    """Refuse, as a one-line InputError, a destination :func:`write_files_atomic` could not write: a file
-    where the directory should be, a missing directory (or parent, with ``create``), a directory where a
-    file should be, a directory no temporary file can be made in. Returns the path to name in errors.
-    Commands call it before long work, so that a bad ``--out`` / ``--json`` / ``--plot`` fails at once."""
-    out = Path(directory)
-    what = f"{out}" if create else f"{out / names[0]}"
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a directory")
-    if not out.is_dir() and (not create or not out.parent.is_dir()):
-        raise InputError(f"{what}: directory {out if not create else out.parent} does not exist")
-    for name in names:
-        if (out / name).is_dir():
-            raise InputError(f"{out / name}: is a directory; give a file name")
-    parent = out if out.is_dir() else out.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{what}: directory {parent} is not writable")
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".probe.tmp-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise InputError(f"{what}: cannot write in {parent} ({exc.strerror or exc})") from None
-    return what
-
-
-def write_file_atomic(path: str | os.PathLike, content: Writer) -> Path:
-    """One file written by :func:`write_files_atomic` (its directory must exist)."""
-    p = Path(path)
-    return write_files_atomic(p.parent, {p.name: content})[0]
 
 
 def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,

@@ -1,9 +1,8 @@
-"""Tables for people (rich) and dictionaries for scripts (--json)."""
+"""Tables for people (rich) and dictionaries for scripts (--json); they print through planner.terminal.console."""
 
 from __future__ import annotations
 
 import numpy as np
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -246,20 +245,6 @@ def group_table(groups: dict[str, dict], title: str) -> Table:
         t.add_row(g, f"{v['gpus_used']:.0f} of {v['gpus_total']:.0f}", f"{v['stages']:.0f}", f"{v['layers']:.0f}",
                   f"{100 * v['busy_fraction']:.0f}%", f"{100 * v['mfu']:.1f}%")
     return t
-
-
-PIPE_WIDTH = 200
-"""Columns of tables written to a pipe or file (rich would wrap them at 80); COLUMNS overrides it."""
-
-
-def console(stderr: bool = False) -> Console:
-    """A console for the tables: the terminal's width, or PIPE_WIDTH when the stream is not a terminal."""
-    import os
-    import sys
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
-    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def one_f_one_b_timeline(fwd_s: list[float], bwd_s: list[float], m: int) -> list[list[tuple[str, int, float, float]]]:

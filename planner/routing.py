@@ -16,14 +16,13 @@ one row per MoE layer.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from costmodel.estimate import PlanArrays
-from costmodel.profiles import InputError, parse_yaml, read_text
+from costmodel.profiles import InputError, parse_json, parse_yaml, read_text
 from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_drop_none, estimate_routed,
                                expert_fractions, expert_load, row_factors, top_share)
 from costmodel.rules import valid_mask
@@ -37,15 +36,15 @@ MAX_ETP = 8
 
 def _read(path: Path):
     text = read_text(path, "routing histogram")
-    if path.suffix.lower() in (".yaml", ".yml"):
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
         return parse_yaml(text, path)
+    if suffix == ".json":
+        return parse_json(text, path)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if path.suffix.lower() == ".json":
-            raise InputError(f"{path}: line {exc.lineno} malformed JSON ({exc.msg})") from None
-    except RecursionError:
-        raise InputError(f"{path}: malformed JSON (nested too deeply)") from None
+        return parse_json(text, path)
+    except InputError:
+        pass
     try:
         return parse_yaml(text, path)
     except InputError:

@@ -143,7 +143,7 @@ def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: 
     """The exact min-max stage split for a pipeline depth that does not divide the layers, solved on a
     representative plan of that depth, tp and ep (the split depends on the edge-stage and dense-layer costs
     relative to a MoE layer, which tp and ep change; micro-batch and recompute barely do)."""
-    from planner.split import best_split
+    from costmodel.split import best_split
 
     tp = tp or min(8, cluster.domain_gpus, cluster.num_gpus // pp)
     dp = max(1, cluster.num_gpus // (tp * pp))

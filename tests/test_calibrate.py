@@ -12,8 +12,8 @@ import pytest
 from costmodel.catalog import get_model
 from costmodel.estimate import estimate
 from costmodel.fit import Measurement
+from costmodel.plan import ParallelPlan
 from costmodel.profiles import Calibration, InputError, load_cluster, load_profile
-from costmodel.specs import ParallelPlan
 from executor.calibrate import calibrate, load_measurement, run_calibrate
 
 LAYOUTS = [dict(dp=4), dict(pp=2, dp=2), dict(pp=2, vpp=2, dp=2), dict(tp=2, dp=2), dict(tp=2, pp=2),

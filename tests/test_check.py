@@ -14,7 +14,7 @@ from costmodel.estimate import estimate
 from costmodel.profiles import load_cluster, load_profile
 from costmodel.rules import violations
 from costmodel.specs import ParallelPlan
-from planner.check import MAX_CANDIDATES, THRESHOLDS, Finding, diagnose, format_findings, neighbours
+from planner.check import MAX_CANDIDATES, THRESHOLDS, Finding, diagnose, format_findings, neighbours, predict
 from planner.search import exhaustive, to_plan
 
 
@@ -82,6 +82,18 @@ def _check_alternatives(model, cluster, plan, findings, moe_imbalance=1.0) -> in
 
 
 # (a) ---------------------------------------------------------------------------------------------
+
+
+def test_diagnose_takes_the_estimate_it_is_given(llama70b, h100x512):
+    """plan check hands diagnose the estimate it printed: the same findings as diagnose's own, and a different
+    estimate is what the findings then measure (the plan's figures are not computed a second time)."""
+    plan = ParallelPlan(tp=8, pp=16, vpp=1, dp=4, micro_batch=1, global_batch=512)
+    est = predict(llama70b, h100x512, plan)
+    assert diagnose(llama70b, h100x512, plan, est=est) == diagnose(llama70b, h100x512, plan)
+    slower = est.model_copy(update={"step_time_s": 2 * est.step_time_s})
+    before = [f.predicted["step_time_s"][0] for f in diagnose(llama70b, h100x512, plan, est=slower)
+              if "step_time_s" in f.predicted]
+    assert before and all(s == slower.step_time_s for s in before)
 
 
 def test_bubble_warning_70b_pp16(llama70b, h100x512):

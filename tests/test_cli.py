@@ -260,3 +260,60 @@ def test_precision_the_gpu_lacks(capsys, tmp_path):
     assert_one_line_error(rc, err, "--precision mxfp8", "H100", "fp8")
     rc, _, err = run_cli(capsys, ["--model", "13b", "--cluster", "a100-v100-mixed.yaml", "--precision", "fp8"])
     assert_one_line_error(rc, err, "A100-80GB, V100-32GB", "valid there: fp16, fp32")
+
+
+def test_requests_own_the_defaults():
+    """planner.request decides what the flags leave out: ~4M tokens (8 sequences per rank on CPU ranks of a
+    command that trains here), dp from the GPUs left, ZeRO-1 unless the distributed optimizer is off."""
+    from costmodel.profiles import load_profile
+    from planner.request import CheckRequest, PlanRequest
+    from planner.space import default_global_batch
+
+    t = PlanRequest(model="70b", cluster="h100x512.yaml").resolve()
+    assert t.global_batch == default_global_batch(t.model, 512) and t.profile is None
+    assert PlanRequest(model="70b", cluster="h100x512.yaml", global_batch=96).resolve().global_batch == 96
+    host = load_profile("H100").model_copy(update={"kind": "host"})
+    trains_here = PlanRequest(model="70b", cluster="h100x512.yaml", host_batch=True)
+    assert trains_here.global_batch_for(t.model, t.cluster, host) == 8 * 512
+    assert trains_here.global_batch_for(t.model, t.cluster) == t.global_batch        # a GPU profile: the default
+    assert PlanRequest(model="70b", cluster="h100x512.yaml").global_batch_for(t.model, t.cluster, host) == \
+        t.global_batch                                                                # planning only: the default
+    c = CheckRequest(model="70b", cluster="h100x512.yaml", tp=8, pp=4).resolve()
+    assert (c.plan.dp, c.plan.zero_stage, c.plan.distributed_optimizer) == (16, 1, True)
+    assert c.layout is None and c.load is None
+    off = CheckRequest(model="70b", cluster="h100x512.yaml", tp=8, pp=4, no_distributed_optimizer=True).resolve()
+    assert (off.plan.zero_stage, off.plan.distributed_optimizer) == (0, False)
+    lps = CheckRequest(model="405b", cluster="h100x16384.yaml", tp=8, pp=16,
+                       layers_per_stage="7," + "8," * 14 + "7").resolve()
+    assert lps.plan.dp == 128 and lps.layers_per_stage == (7,) + (8,) * 14 + (7,)
+    assert lps.layout == "Et*7|(t*8|)*14,t*7L"
+
+
+def test_request_fields_are_flags():
+    """Every field a command's request takes from the flags is a flag of that command (a renamed flag would
+    silently fall back to the default otherwise)."""
+    from dataclasses import fields
+
+    from planner import cli
+    from planner.request import CapacityRequest, CheckRequest, PlanRequest
+
+    given = {"start_profile", "host_batch"}           # set by the command, not by a flag of the same dest
+    cap = cli._Parser(prog="plan capacity")
+    cli._capacity_args(cap)
+    for cls, parser in ((PlanRequest, cli._search_parser()), (CheckRequest, cli._check_parser()),
+                        (CapacityRequest, cap)):
+        dests = {a.dest for a in parser._actions}
+        assert {f.name for f in fields(cls)} - given <= dests, cls.__name__
+
+
+def test_progress_bar_quiet_and_counting():
+    from planner.terminal import progress_bar
+
+    with progress_bar("x", quiet=True) as bar:
+        assert bar is None
+    with progress_bar("x", 3) as bar:
+        bar.count(1)
+        bar.step("two")
+        bar.labelled("three", 3, 4)
+        task = bar._progress.tasks[0]
+        assert (task.completed, task.total, task.description) == (3, 4, "three")

@@ -17,11 +17,11 @@ pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from costmodel.catalog import get_model  # noqa: E402
+from costmodel.plan import ParallelPlan  # noqa: E402
 from costmodel.profiles import InputError  # noqa: E402
-from costmodel.specs import ParallelPlan  # noqa: E402
 from executor.data import SyntheticTask, microbatches  # noqa: E402
 from executor.launch import LaunchError, first_worker_error, launch, read_plan  # noqa: E402
-from executor.train import KILL_ENV  # noqa: E402
+from kill_worker import HERE as KILL_WORKER, KILL_ENV  # noqa: E402  (tests/kill_worker.py)
 
 STEPS = 6
 REL = 1e-5
@@ -115,7 +115,8 @@ def test_killed_rank_resumes_on_the_same_curve(reference, tmp_path):
     plan = write_plan(tmp_path / "plan.json", "tiny-gpt", dp=2)
     run = tmp_path / "run"
     with pytest.raises(LaunchError, match=r"rank 1: killed by signal 9"):
-        launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2, env={KILL_ENV: "1:3"}, timeout_s=240)
+        launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2, env={KILL_ENV: "1:3"},
+               worker=KILL_WORKER, timeout_s=240)
     assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()
     res = launch(plan, run, steps=STEPS, dtype="fp32", checkpoint_every=2)
     assert [r["step"] for r in res.metrics] == list(range(1, STEPS + 1))
@@ -134,7 +135,7 @@ def test_bad_plans_are_refused_before_any_process_starts(tmp_path):
     with pytest.raises(InputError, match=r"needs 64 ranks .* at most \d+ CPU processes \(2 per core on \d+ cores"):
         launch(big, tmp_path / "never")
     (tmp_path / "junk.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"junk.json: not JSON"):
+    with pytest.raises(InputError, match=r"junk.json: line 1 column 2: malformed JSON"):
         read_plan(tmp_path / "junk.json")
 
 
@@ -163,6 +164,29 @@ def test_data_is_split_the_same_way_for_every_layout():
     follow = np.mean(task.successor[tokens[:, :-1]] == tokens[:, 1:])
     assert 0.6 < follow <= 1.0
     assert 0 < task.entropy_nats() < np.log(64) / 2
+
+
+def test_autotune_runs_the_injected_ranking_and_skips_what_cannot_run_here():
+    """autotune takes the planner's ranking as a function of the profile (it never imports the planner): the
+    first runnable plans in that order, plans the executor refuses (tp 3 on 4 heads, FSDP) skipped."""
+    from costmodel.profiles import load_profile
+    from executor.autotune import ranked_runnable
+
+    model, profile = get_model("tiny-gpt"), load_profile("H100")
+    kw = {"global_batch": 8, "micro_batch": 2, "recompute": "none"}
+    order = [(ParallelPlan(tp=3, **kw), 0.1), (ParallelPlan(**kw), 0.2),
+             (ParallelPlan(dp=2, zero_stage=2, **kw), 0.25), (ParallelPlan(dp=2, **kw), 0.3),
+             (ParallelPlan(pp=2, **kw), 0.4)]
+    asked, taken = [], []
+
+    def rank_plans(prof):
+        asked.append(prof)
+        for plan, t in order:
+            taken.append(plan)
+            yield plan, t
+
+    assert ranked_runnable(rank_plans, model, profile, 2) == [order[1], order[3]]
+    assert asked == [profile] and len(taken) == 4          # stops once it has enough
 
 
 def test_autotune_closes_the_loop_on_this_machine(tmp_path):

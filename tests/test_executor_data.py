@@ -43,7 +43,7 @@ def test_plan_run_refuses_bad_plans_with_one_line(tmp_path, capsys):
     (tmp_path / "junk.json").write_text("{nope")
     assert main(["run", str(tmp_path / "junk.json"), "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("plan: error: ") and "junk.json: not JSON" in err and "\n" not in err
+    assert err.startswith("plan: error: ") and "junk.json: line 1 column 2: malformed JSON" in err and "\n" not in err
     assert main(["run", str(tmp_path / "none.json"), "--run-dir", str(tmp_path / "r")]) == 2
     assert "none.json: plan file not found" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()

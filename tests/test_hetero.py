@@ -13,14 +13,15 @@ import yaml
 
 from costmodel.catalog import get_model
 from costmodel.estimate import PlanArrays, estimate, estimate_arrays
-from costmodel.hetero import HeteroPlan, estimate_hetero, group_cluster, group_clusters, optimal_split, stage_coefficients
+from costmodel.hetero import HeteroPlan, estimate_hetero, group_cluster, group_clusters
 from costmodel.profiles import PROFILE_DIR, InputError, load_cluster
 from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.split import optimal_split, stage_coefficients
 from planner.cli import main
 from planner.hetero import _mixed_layouts, _valid_layouts, comparison, hetero_search, write_hetero_outputs
 from planner.search import exhaustive
 from planner.space import RECOMPUTE_NAMES
-from planner.split import parse_megatron_layout
+from costmodel.plan import parse_megatron_layout
 
 MIXED = "a100-v100-mixed"
 TINY = ModelSpec(name="tiny", layers=6, hidden=2048, ffn_hidden=5504, heads=16, vocab=32000, seq_len=2048)
@@ -100,6 +101,28 @@ def test_one_group_is_estimated_as_a_homogeneous_cluster(mixed, group, plan):
     assert got.tokens_per_s_per_gpu == pytest.approx(ref.tokens_per_s_per_gpu, rel=1e-12)
     assert got.fits == ref.fits and got.inter_group_s == 0.0
 
+
+
+@pytest.mark.parametrize("name, cluster, plan", [
+    # Llama-3-8B with one MTP layer (issue 15: the heterogeneous MFU left the MTP module's FLOPs out).
+    ("8b+mtp", "h100x512", ParallelPlan(tp=8, pp=2, dp=32, global_batch=512)),
+    # DeepSeek-V3 has an MTP module of its own (MoE), over an uneven split of 61 layers.
+    ("deepseek-v3", "b200x1024", ParallelPlan(tp=1, pp=8, dp=128, ep=8, global_batch=1024)),
+])
+def test_one_group_with_mtp_scores_exactly_like_estimate(name, cluster, plan):
+    model = get_model(name.removesuffix("+mtp"))
+    if name.endswith("+mtp"):
+        model = model.model_copy(update={"mtp_layers": 1})
+    assert model.mtp_layers == 1
+    homogeneous = load_cluster(cluster)
+    ref = estimate(model, homogeneous, plan)
+    got = estimate_hetero(model, homogeneous, [HeteroPlan.from_plan(plan, homogeneous.name, model.layers)])[0]
+    assert got.step_time_s == ref.step_time_s
+    assert got.mfu == ref.mfu
+    assert got.tokens_per_s_per_gpu == ref.tokens_per_s_per_gpu
+    assert got.stage_time_s == ref.stage_time_s
+    # The one group's MFU counts the same FLOPs (MTP on the last stage), summed per stage.
+    assert got.groups[homogeneous.name]["mfu"] == pytest.approx(ref.mfu, rel=1e-12)
 
 def test_stage_costs_are_linear_in_layers():
     """The probe coefficients reproduce estimate_arrays' stage times and memory for arbitrary splits (MoE model

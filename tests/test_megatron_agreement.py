@@ -24,7 +24,7 @@ from planner.cli import best_plan  # noqa: E402
 from planner.search import exhaustive  # noqa: E402
 from planner.space import default_global_batch  # noqa: E402
 from executor.model import megatron_config  # noqa: E402  (the executor's own config builder)
-from planner.split import megatron_layout  # noqa: E402
+from costmodel.plan import megatron_layout  # noqa: E402
 
 
 CASES = [("70b", "h100x512"), ("gpt3-175b", "a100x1024"), ("405b", "h100x16384"), ("mixtral-8x7b", "h100x512"),

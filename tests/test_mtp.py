@@ -13,7 +13,8 @@ from costmodel.profiles import InputError, load_cluster
 from costmodel.specs import ParallelPlan
 from costmodel.validate import framework_split, row_model
 from planner.outputs import megatron_args
-from planner.split import best_split, megatron_layout
+from costmodel.plan import megatron_layout
+from costmodel.split import best_split
 
 DSV3 = get_model("deepseek-v3")
 NO_MTP = DSV3.model_copy(update={"mtp_layers": 0})

@@ -615,3 +615,18 @@ def test_mixed_scripts_need_stages_on_whole_groups(tmp_path):
     plan = ParallelPlan(tp=8, pp=2, dp=3, global_batch=768, layers_per_stage=(20, 20))   # 24-GPU stages
     with pytest.raises(InputError, match="group a100's 16 GPUs do not hold whole pipeline stages of tp\\*cp\\*dp = 24"):
         launch_script(model, mixed, plan, megatron_args(model, plan))
+
+
+def test_files_in_two_directories_are_checked_before_either_is_written(tmp_path):
+    from costmodel.files import write_paths_atomic
+    from costmodel.profiles import InputError
+
+    a, b = tmp_path / "profiles", tmp_path / "clusters"
+    a.mkdir()
+    with pytest.raises(InputError, match=f"{b / 'c.yaml'}: directory {b} does not exist"):
+        write_paths_atomic({a / "p.yaml": "p: 1\n", b / "c.yaml": "c: 2\n"})
+    assert list(a.iterdir()) == []           # nothing written, no temporary file left
+    b.mkdir()
+    paths = write_paths_atomic({a / "p.yaml": "p: 1\n", b / "c.yaml": lambda p: p.write_text("c: 2\n")})
+    assert [p.read_text() for p in paths] == ["p: 1\n", "c: 2\n"]
+    assert sorted(x.name for x in a.iterdir()) == ["p.yaml"]

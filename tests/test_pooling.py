@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from costmodel.profiles import load_profile
-from costmodel.validate import SCHEMES, fit_profiles, fold_keys, held_out, load_cases, release_of
+from costmodel.crossval import SCHEMES, fold_keys, held_out
+from costmodel.validate import fit_profiles, load_cases, release_of
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
 FIELDS = ("gemm_efficiency", "comm_exposed", "memory_bound_efficiency")
@@ -91,3 +92,55 @@ def test_rows_are_weighted_by_source(cases):
 def test_every_shipped_gpu_names_its_generation():
     for g in ("V100-32GB", "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300"):
         assert load_profile(g).generation in ("volta", "ampere", "hopper", "blackwell")
+
+
+def test_framework_column_or_the_notes_name_the_stack(tmp_path):
+    """The framework column is read as given; a CSV without it (the schema other sources are published in)
+    gets the framework its notes name, the same for every shared row, and says it assumed so."""
+    import csv
+
+    from costmodel.validate import framework_from_notes, framework_of
+
+    rows = list(csv.DictReader(DATA.open()))
+    assert {r["framework"] for r in rows} == {"megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml"}
+    assert all(framework_from_notes(r) == r["framework"] for r in rows)
+    assumed: list[str] = []
+    row = {**rows[0], "framework": ""}
+    assert framework_of(row, assumed) == "megatron-lm-2021" and assumed == [
+        "framework=megatron-lm-2021 (from the row's notes and source)"]
+    assert framework_of({"notes": "torchtitan FSDP2, 8 nodes", "source_id": "X"}, []) == "other"
+    assert framework_of({"notes": "NeMo 24.07 with DeepSpeed-style ZeRO", "source_id": "X"}, []) == "megatron-core"
+    with pytest.raises(ValueError, match="column 'framework': expected one of megatron-core, .*got 'jax'"):
+        framework_of({"framework": "JAX"}, [])
+    # A copy of the data without the column predicts every row the same.
+    head = [c for c in rows[0] if c != "framework"]
+    path = tmp_path / "no_framework.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, head, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    a, b = load_cases(DATA)[0], load_cases(path)[0]
+    assert [c.plan for c in a] == [c.plan for c in b] and len(a) > 300
+
+
+def test_cross_validate_predicts_every_row_of_each_held_out_source_once(tmp_path):
+    import csv
+
+    from costmodel.crossval import cross_validate
+
+    rows = list(csv.DictReader(DATA.open()))
+    keep = ("MLM_PAPER_T1", "KORTHIKANTI2022", "MLM_README_H100_2024")
+    sub = [r for r in rows if r["source_id"] in keep]
+    path = tmp_path / "three_sources.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(sub)
+    cv = cross_validate(path, workers=1, schemes=("source",))
+    folds = cv["schemes"]["source"]["folds"]
+    assert sorted(f["left_out"] for f in folds) == sorted(keep)
+    scored = [r for r in sub if r["scored"].strip().lower() == "true"]
+    held = cv["schemes"]["source"]["rows"]
+    assert sorted(r["row"] for r in held) == sorted({r["row"] for r in held}) and len(held) == len(scored)
+    assert all(r["source_id"] == f["left_out"] for f in folds for r in held if r["fold"] == f["left_out"])
+    assert 0 < cv["summary"]["overall"]["mape"] < 30

@@ -16,7 +16,8 @@ import yaml
 
 from costmodel.fit import Measurement, predict
 from costmodel.profiles import InputError, load_profile
-from costmodel.recalibrate import one_run_calibration_cv, recalibrate
+from costmodel.crossval import one_run_calibration_cv
+from costmodel.recalibrate import recalibrate
 from costmodel.runlog import gpu_in_log, parse_arguments, parse_iterations, parse_megatron_log
 from costmodel.validate import load_cases, predict_case
 from planner.cli import main

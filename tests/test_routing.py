@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import InputError, load_cluster
 from costmodel.routing import (capacity_to_drop_none, contiguous_placement, dropped_fraction, estimate_one_routed,
                                estimate_routed, expert_fractions, expert_load, lpt_placement, rank_loads, top_share)
 from costmodel.rules import violations
-from costmodel.specs import ParallelPlan
 from planner.check import diagnose
 from planner.cli import main
 from planner.routing import expert_space, load_routing, routed_search

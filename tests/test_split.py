@@ -1,4 +1,5 @@
-"""The exact pipeline stage split (planner.split): DP vs brute force, real models, Megatron strings."""
+"""The exact pipeline stage split (costmodel.split) and its Megatron strings (costmodel.plan): DP vs brute force, real
+models."""
 
 from __future__ import annotations
 
@@ -11,18 +12,8 @@ from costmodel.catalog import get_model
 from costmodel.estimate import PlanArrays, estimate, estimate_arrays
 from costmodel.profiles import load_cluster
 from costmodel.rules import violations
-from costmodel.specs import ParallelPlan
-from planner.split import (
-    FIRST_FLAG,
-    LAST_FLAG,
-    best_split,
-    layer_costs,
-    megatron_layout,
-    min_max_split,
-    parse_megatron_layout,
-    stage_memory_table,
-    uneven_flags,
-)
+from costmodel.plan import FIRST_FLAG, LAST_FLAG, ParallelPlan, megatron_layout, parse_megatron_layout, uneven_flags
+from costmodel.split import best_split, layer_costs, min_max_split, stage_memory_table
 
 # Brute force ---------------------------------------------------------------------------------------
 

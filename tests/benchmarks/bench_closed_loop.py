@@ -28,7 +28,8 @@ from costmodel.estimate import estimate  # noqa: E402
 from costmodel.fit import Measurement  # noqa: E402
 from costmodel.profiles import InputError, load_cluster, load_profile  # noqa: E402
 from executor.autotune import write_plan_json  # noqa: E402
-from executor.calibrate import calibrate, plan_label  # noqa: E402
+from costmodel.plan import plan_label  # noqa: E402
+from executor.calibrate import calibrate  # noqa: E402
 from executor.launch import launch, preflight  # noqa: E402
 from executor.report import scatter_png  # noqa: E402
 from planner.search import to_plan  # noqa: E402

@@ -1,0 +1,199 @@
+"""Grouped cross-validation of the cost model on published runs (``plan validate --cross-validate``): refit
+every profile without a group of rows (a source, a container release, a GPU type) and predict the group; and
+one-run calibration scored inside each held-out source.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.profiles import HardwareProfile, load_profile
+from costmodel.recalibrate import recalibrate
+from costmodel.validate import (Case, abs_percent_error, case_features, fit_profiles, interval_fields, load_cases,
+                                measurements_for, predict_case, summarize)
+
+SCHEMES = ("source", "release", "gpu")
+
+
+def fold_keys(cases: list[Case], scheme: str) -> list[str]:
+    if scheme == "source":
+        return sorted({c.source_id for c in cases})
+    if scheme == "gpu":
+        return sorted({c.cluster.gpu for c in cases})
+    if scheme == "release":
+        by_src: dict[str, set[str]] = {}
+        for c in cases:
+            by_src.setdefault(c.source_id, set()).add(c.release)
+        return sorted({f"{c.source_id}@{c.release}" for c in cases if c.release and len(by_src[c.source_id]) > 1})
+    raise ValueError(f"unknown cross-validation scheme {scheme!r}; valid: {', '.join(SCHEMES)}")
+
+
+def held_out(case: Case, scheme: str, key: str) -> bool:
+    if scheme == "source":
+        return case.source_id == key
+    if scheme == "gpu":
+        return case.cluster.gpu == key
+    return f"{case.source_id}@{case.release}" == key
+
+
+def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tuple[dict, list]:
+    cases, _ = load_cases(path)
+    profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {scheme} {key}",
+                               exclude=lambda c: held_out(c, scheme, key), **(options or {}))
+    rows = []
+    for c in (c for c in cases if held_out(c, scheme, key)):
+        pred = predict_case(c, profiles[c.cluster.gpu])
+        rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type, "model_name": c.model.name,
+                     **case_features(c), "fold": key, **interval_fields(c, pred["plan"], pred["predicted_step_time_s"]),
+                     "predicted_step_time_s": pred["predicted_step_time_s"],
+                     "published_step_time_s": c.published_step_time_s, "fits": pred["fits"], "error": None,
+                     "ape": abs_percent_error(pred["predicted_step_time_s"], c.published_step_time_s)})
+    out = {"scheme": scheme, "left_out": key, **summarize(rows)["overall"]}
+    if scheme == "source":   # one-run calibration inside the held-out source, from the profiles fitted without it
+        out["one_run_calibration"] = one_run_calibration_cv([c for c in cases if held_out(c, scheme, key)], profiles)
+    return out, rows
+
+
+def cross_validate(path: str | Path, progress=None, workers: int | None = None,
+                   schemes: tuple[str, ...] = SCHEMES, options: dict | None = None) -> dict:
+    """Grouped cross-validation: for each scheme, refit every profile without a group, predict the group.
+
+    Returns {"schemes": {scheme: {"folds": [...], "summary": {...}, "rows": [...]}}, and, for the first
+    scheme, "folds" and "summary" at the top level (leave-one-source-out by default). Folds run in parallel
+    processes (one per core by default); ``progress(label, done, total)`` is called at the start and as each
+    fold ends."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    cases, errors = load_cases(path)
+    jobs = [(scheme, key) for scheme in schemes for key in fold_keys(cases, scheme)]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    results: dict[tuple[str, str], tuple[dict, list]] = {}
+    if progress:
+        progress("starting", 0, len(jobs))
+    if workers <= 1:
+        for job in jobs:
+            results[job] = _fold(str(path), *job, options)
+            if progress:
+                progress(f"left out {job[0]} {job[1]}", len(results), len(jobs))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_fold, str(path), *job, options): job for job in jobs}
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                if progress:
+                    progress(f"left out {futures[fut][0]} {futures[fut][1]}", len(results), len(jobs))
+    out: dict = {"schemes": {}}
+    for scheme in schemes:
+        keys = [k for s_, k in jobs if s_ == scheme]
+        rows = [r for k in keys for r in results[(scheme, k)][1]]
+        summary = summarize(rows + ([{**e, "ape": None} for e in errors] if scheme == "source" else []))
+        out["schemes"][scheme] = {"folds": [results[(scheme, k)][0] for k in keys], "summary": summary,
+                                  "rows": sorted(rows, key=lambda r: r["row"])}
+    if "source" in out["schemes"]:
+        out["one_run_calibration"] = pool_one_run([f.pop("one_run_calibration")
+                                                   for f in out["schemes"]["source"]["folds"]])
+    first = out["schemes"][schemes[0]]
+    out["folds"], out["summary"] = first["folds"], first["summary"]
+    return out
+
+
+def _stats(errs: list[float]) -> dict:
+    if not errs:
+        return {"count": 0, "mape": None, "median_ape": None}
+    e = np.array(errs)
+    return {"count": len(errs), "mape": round(float(e.mean()), 2), "median_ape": round(float(np.median(e)), 2)}
+
+
+def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | None = None) -> dict:
+    """One-run calibration scored on published runs (``costmodel.validate.Case`` rows).
+
+    same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
+    (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
+    other_models: in every (source, GPU) group with two or more models, each model's first row in turn
+    calibrates the base profile, which predicts the rows of the group's other models.
+    Each figure comes with the same rows' error before calibration, and per-group details.
+    """
+    profiles = profiles or {}
+    base_cache: dict[str, HardwareProfile] = {}
+
+    def base(gpu: str) -> HardwareProfile:
+        if gpu not in base_cache:
+            base_cache[gpu] = profiles.get(gpu) or load_profile(gpu)
+        return base_cache[gpu]
+
+    pred_cache: dict[tuple[int, int], float] = {}
+
+    def pred(case, prof: HardwareProfile) -> float:
+        key = (case.row, id(prof))
+        if key not in pred_cache:
+            pred_cache[key] = predict_case(case, prof)["predicted_step_time_s"]
+        return pred_cache[key]
+
+    fitted: dict[int, HardwareProfile] = {}
+
+    def calibrated(anchor) -> HardwareProfile:
+        if anchor.row not in fitted:
+            prof = base(anchor.gpu_type)
+            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: prof}), prof,
+                                 fitted_by=f"one-run calibration on row {anchor.row}")
+            fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
+        return fitted[anchor.row]
+
+    by_model: dict[tuple, list] = {}
+    by_stack: dict[tuple, list] = {}
+    for c in cases:
+        by_model.setdefault((c.source_id, c.gpu_type, c.model.name), []).append(c)
+        by_stack.setdefault((c.source_id, c.gpu_type), []).append(c)
+
+    def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
+        """(anchor, target) pairs -> errors after and before calibration."""
+        after = [abs_percent_error(pred(t, calibrated(a)), t.published_step_time_s) for a, t in pairs]
+        before = [abs_percent_error(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
+        return after, before
+
+    same_after, same_before, same_groups = [], [], []
+    for (src, gpu, model), rows in by_model.items():
+        if len(rows) < 2:
+            continue
+        after, before = score([(rows[0], t) for t in rows[1:]])
+        same_after += after
+        same_before += before
+        same_groups.append({"source_id": src, "gpu_type": gpu, "model": model, "anchor_row": rows[0].row,
+                            "after": _stats(after), "before": _stats(before)})
+    other_after, other_before, other_groups = [], [], []
+    for (src, gpu), rows in by_stack.items():
+        firsts = {}
+        for c in rows:
+            firsts.setdefault(c.model.name, c)
+        if len(firsts) < 2:
+            continue
+        pairs = [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name]
+        after, before = score(pairs)
+        other_after += after
+        other_before += before
+        other_groups.append({"source_id": src, "gpu_type": gpu, "models": len(firsts),
+                             "anchor_rows": [a.row for a in firsts.values()],
+                             "after": _stats(after), "before": _stats(before)})
+    return {"scheme": SCHEME,
+            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
+                           "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
+            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
+                             "ape": [round(x, 3) for x in other_after],
+                             "ape_before": [round(x, 3) for x in other_before]}}
+
+
+SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"
+
+
+def pool_one_run(results: list[dict]) -> dict:
+    """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
+    groups listed together, raw errors dropped."""
+    out: dict = {"scheme": SCHEME}
+    for key in ("same_model", "other_models"):
+        after = [x for r in results for x in r[key]["ape"]]
+        before = [x for r in results for x in r[key]["ape_before"]]
+        out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}
+    return out

@@ -26,7 +26,7 @@ from costmodel import comm, compute, memory, pipeline, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays  # noqa: F401  (RECOMPUTE_CODE: callers)
+from costmodel.plan import ParallelPlan, PlanArrays, even_split_columns
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
 
@@ -136,7 +136,7 @@ def _stages(model: ModelSpec, a: PlanArrays) -> Stages:
         start = idx * per[:, None]
         return Stages(layers, w, idx, first, last, start)
     max_pp = int(pp.max())
-    even = pipeline.stage_split_even(model.layers, pp, max_pp)
+    even = even_split_columns(model.layers, pp, max_pp)
     sl = a.stage_layers
     if sl.shape[1] < max_pp:
         sl = np.pad(sl, ((0, 0), (0, max_pp - sl.shape[1])))

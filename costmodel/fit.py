@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares, minimize
 
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import estimate_arrays
+
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import Calibration, HardwareProfile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 
 # Factor -> (default, prior width in log space, bounds). Defaults are the un-fitted physics.
 FACTORS: dict[str, tuple[float, float, tuple[float, float]]] = {

@@ -27,10 +27,11 @@ from pydantic import Field, model_validator
 
 from costmodel import comm, pipeline
 from costmodel.compute import gemm_dtype
-from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, RECOMPUTE_CODE, PlanArrays, mfu, step_time_s
+from costmodel.estimate import FRAMEWORK, P2P_FIXED_S, mfu, step_time_s
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, even_split, num_microbatches
 from costmodel.flops import layer_forward_flops, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, DeviceGroup, Framework, FrozenSpec, ModelSpec, ParallelPlan, RecomputeMode
+from costmodel.specs import ClusterSpec, DeviceGroup, Framework, FrozenSpec, ModelSpec, RecomputeMode
 from costmodel.split import score_with
 
 
@@ -106,7 +107,7 @@ class HeteroPlan(FrozenSpec):
 
     @property
     def num_microbatches(self) -> int:
-        return max(1, self.global_batch // self.micro_batch_sequences)
+        return num_microbatches(self.global_batch, self.micro_batch_sequences, 1)
 
     def gpus_used(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -140,8 +141,7 @@ class HeteroPlan(FrozenSpec):
     @classmethod
     def from_plan(cls, plan: ParallelPlan, group: str, layers: int) -> HeteroPlan:
         """A homogeneous plan run on one group."""
-        split = plan.layers_per_stage or tuple(pipeline.stage_split_even(layers, np.array([plan.pp]), plan.pp)[0]
-                                               .astype(int))
+        split = plan.layers_per_stage or even_split(layers, plan.pp)
         return cls(stage_groups=(group,) * plan.pp, stage_tp=(plan.tp,) * plan.pp, stage_dp=(plan.dp,) * plan.pp,
                    layers_per_stage=tuple(int(x) for x in split), micro_batch_sequences=plan.dp * plan.micro_batch,
                    global_batch=plan.global_batch, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, etp=plan.etp,

@@ -13,21 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def stage_split_even(layers: int, pp: np.ndarray, max_pp: int) -> np.ndarray:
-    """Megatron's default split: layers / pp on every stage (the rules reject a remainder).
-
-    Returns an (n_plans, max_pp) array of transformer layers per stage, zero-padded past pp.
-    """
-    pp = np.asarray(pp, dtype=int)
-    idx = np.arange(max_pp)[None, :]
-    per = layers // pp
-    rem = layers - per * pp
-    counts = np.where(idx < pp[:, None], per[:, None], 0)
-    # Any remainder (only for plans the rules reject or uneven imports) goes to the middle stages.
-    counts = counts + np.where((idx >= 1) & (idx < 1 + rem[:, None]), 1, 0)
-    return counts.astype(float)
-
-
 def pipeline_time_s(stage_time_s: np.ndarray, weight: np.ndarray, m, vpp) -> tuple[np.ndarray, np.ndarray]:
     """Step time of the pipelined part and its bubble, from (n_plans, n_columns) stage times where each
     column stands for ``weight`` identical stages."""

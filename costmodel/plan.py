@@ -43,8 +43,22 @@ def num_microbatches(global_batch, dp, micro_batch):
 def even_split(layers: int, pp: int) -> tuple[int, ...]:
     """Megatron's default split: layers / pp on every stage. A remainder (only for layer counts the rules
     reject, or imported runs) goes one each to the stages after the first."""
-    per, rem = divmod(int(layers), int(pp))
-    return tuple(per + (1 if 1 <= i <= rem else 0) for i in range(int(pp)))
+    return tuple(int(x) for x in even_split_columns(int(layers), np.array([int(pp)]), int(pp))[0])
+
+
+def even_split_columns(layers: int, pp: np.ndarray, max_pp: int) -> np.ndarray:
+    """:func:`even_split` of many plans at once (the rules reject a remainder).
+
+    Returns an (n_plans, max_pp) array of transformer layers per stage, zero-padded past pp.
+    """
+    pp = np.asarray(pp, dtype=int)
+    idx = np.arange(max_pp)[None, :]
+    per = layers // pp
+    rem = layers - per * pp
+    counts = np.where(idx < pp[:, None], per[:, None], 0)
+    # Any remainder (only for plans the rules reject or uneven imports) goes to the middle stages.
+    counts = counts + np.where((idx >= 1) & (idx < 1 + rem[:, None]), 1, 0)
+    return counts.astype(float)
 
 
 def default_global_batch(seq_len: int, num_gpus: int) -> int:

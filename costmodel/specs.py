@@ -481,13 +481,3 @@ class StepEstimate(FrozenSpec):
     """Whether every stage's peak fits the GPU."""
     memory_breakdown_bytes: dict[str, float]
     """Peak-stage memory per component (weights, grads, optimizer, activations, buffers)."""
-
-
-
-def __getattr__(name: str):
-    # Transitional while the house moves to costmodel.plan (issue 15); removed once no caller imports it here.
-    if name == "ParallelPlan":
-        from costmodel.plan import ParallelPlan
-
-        return ParallelPlan
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,9 +27,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import estimate_arrays
+
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import HardwareProfile, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 
 StageMemory = Callable[[int, int, int], float]
 """stage_memory(stage_index, first_layer, n_layers) -> peak bytes of that stage."""

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from costmodel.profiles import PROFILE_DIR, InputError, file_version, load_profile
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.plan import ParallelPlan
 
 TRUST_DIR = PROFILE_DIR / "trust"
 INTERVALS_FILE = TRUST_DIR / "intervals.json"
@@ -365,7 +366,7 @@ def nearest_runs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, lim
 
 def plan_trust(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_time_s: float) -> dict:
     """Interval, class and support of one plan (plan check, plan.json)."""
-    from costmodel.estimate import PlanArrays
+    from costmodel.plan import PlanArrays
 
     one = PlanArrays.from_plans([plan])
     iv = step_intervals(model, cluster, one, np.array([step_time_s]), plan.framework)

@@ -19,10 +19,9 @@ import numpy as np
 
 from costmodel.estimate import estimate
 from costmodel.fit import Measurement, host_factors, relevant_factors
-from costmodel.plan import ParallelPlan
+from costmodel.plan import ParallelPlan, plan_label
 from costmodel.profiles import HardwareProfile, InputError, load_profile
 from costmodel.specs import ClusterSpec, ModelSpec
-from costmodel.plan import plan_label
 from executor.calibrate import calibrate
 from executor.launch import launch, preflight
 

@@ -28,9 +28,9 @@ from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
 from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, checkpoint_bytes, estimate_goodput
 from costmodel.profiles import InputError, load_profile
-from costmodel.specs import PRECISION_ALIASES, ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import PRECISION_ALIASES, ClusterSpec, ModelSpec
+from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, pareto_front, plan_at
-from planner.space import default_global_batch
 
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
@@ -316,7 +316,7 @@ def _compressed_cost(compression, model, cluster, plans):
 def plan_point(sc: Scenario, a: Assumptions) -> CapacityPoint:
     """Search the layouts of the scenario (exhaustive, as ``plan``) and cost out its best plan."""
     cl, model = sc.cluster, sc.model
-    gbs = sc.global_batch or default_global_batch(model, cl.num_gpus)
+    gbs = sc.global_batch or default_global_batch(model.seq_len, cl.num_gpus)
     res = exhaustive(model, cl, gbs, cost=_cost_fn(sc.compression))
     point = CapacityPoint(sc, gbs, res.evaluated)
     if res.evaluated == 0:

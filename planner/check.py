@@ -52,10 +52,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from costmodel.compute import gemm_dtype
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays, even_split
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, violations
-from costmodel.plan import ParallelPlan, even_split
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
 __all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours",

@@ -177,7 +177,7 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
                          f"the data-parallel size, or a GPU count that divides by the pipeline depth")
     rows = [plan_row(res, r) for r in range(min(args.top, len(res.order)))]
     if args.out and res.any_fits:
-        _write_plan_dir(args.out, model, cluster, best_plan(res))
+        _write_plan_dir(args.out, model, cluster, res.split_plan(0))
     how = "exhaustive" if args.exhaustive else f"optuna {getattr(res, 'sampler', '')}".strip()
     alt = best_supported(res) if res.any_fits else None
     if args.json:
@@ -251,18 +251,6 @@ def _run_optuna(optuna_search, model, cluster, gbs, args, objectives):
     elif getattr(res, "interrupted", False):
         console(stderr=True).print("interrupted: finished trials are kept; showing the best so far")
     return res
-
-
-def best_plan(res):
-    """The best plan of a search result, with its uneven stage split when it has one."""
-    import numpy as np
-
-    plan = res.plan(0)
-    sl = res.plans.stage_layers
-    i = int(res.order[0])
-    if sl is not None and not np.isnan(sl[i, 0]):
-        plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})
-    return plan
 
 
 def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None = None) -> None:

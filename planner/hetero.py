@@ -30,14 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.estimate import STEP_OVERHEAD_S, PlanArrays
+from costmodel.estimate import STEP_OVERHEAD_S
+
+from costmodel.plan import RECOMPUTE_NAMES, PlanArrays, even_split, num_microbatches
 from costmodel.hetero import HeteroEstimate, HeteroPlan, estimate_hetero, group_clusters
 from costmodel.profiles import InputError, load_profile
 from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.split import optimal_split, stage_coefficients
 from planner.search import default_cost, exhaustive
-from planner.space import MICRO_BATCHES, RECOMPUTE_NAMES, cp_degrees, ep_degrees
+from planner.space import MICRO_BATCHES, cp_degrees, ep_degrees
 
 TP_CHOICES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2)
@@ -105,7 +107,6 @@ def _alone(model, cluster, gcl, gbs, cost, scorer) -> tuple[dict[str, Scored | N
 
 
 def _uniform(model, cluster, gcl, gbs, scorer) -> list[Scored]:
-    from costmodel.pipeline import stage_split_even
 
     names = list(gcl)
     sizes = [gcl[g].num_gpus for g in names]
@@ -121,7 +122,7 @@ def _uniform(model, cluster, gcl, gbs, scorer) -> list[Scored]:
             pp = sum(ks)
             if pp > min(model.layers, MAX_PP):
                 continue
-            split = tuple(int(x) for x in stage_split_even(model.layers, np.array([pp]), pp)[0])
+            split = even_split(model.layers, pp)
             groups = tuple(g for g, k in zip(names, ks) for _ in range(k))
             for mbs, rc in itertools.product(MICRO_BATCHES, ("none", "selective", "full")):
                 if gbs % (dp * mbs):
@@ -293,7 +294,7 @@ def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int) -> HeteroP
         split = optimal_split(*(tab_row[k][sl] for k in ("time0", "time_dense", "time_moe", "mem0", "mem_dense",
                                                            "mem_moe", "capacity")),
                               layers=model.layers, dense_layers=model.dense_layers if model.is_moe else model.layers,
-                              microbatches=max(1, gbs // B), vpp=vpp)
+                              microbatches=num_microbatches(gbs, B, 1), vpp=vpp)
     except ValueError:
         return None
     groups = tuple(g for g, (_, _, k) in zip(order, combo) for _ in range(k))
@@ -329,7 +330,7 @@ def hetero_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
     if rows:
         coef, keys = _coefficients(model, gcl, profs, rows, global_batch, scorer)
         tab = _stage_table(rows, coef, keys)
-        m = np.array([max(1, global_batch // r[2]) for r in rows], dtype=float)
+        m = np.array([num_microbatches(global_batch, r[2], 1) for r in rows], dtype=float)
         vpp = np.array([r[3] for r in rows], dtype=float)
         lb = lower_bounds(tab, model.layers, model.dense_layers if model.is_moe else model.layers, m, vpp)
         order = np.argsort(lb, kind="stable")

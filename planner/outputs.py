@@ -29,8 +29,8 @@ from typing import Any
 
 from costmodel.files import Writer, write_files_atomic
 from costmodel.profiles import InputError
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan, StepEstimate
-from costmodel.plan import data_parallel, megatron_layout, parse_megatron_layout
+from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
+from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout
 
 __all__ = [
     "OUTPUT_FILES",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import InputError, parse_json, parse_yaml, read_text
 from costmodel.routing import (PLACEMENTS, ExpertLoad, best_load, capacity_to_drop_none, estimate_routed,
                                expert_fractions, expert_load, row_factors, top_share)

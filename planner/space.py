@@ -26,11 +26,10 @@ import itertools
 
 import numpy as np
 
-from costmodel.estimate import RECOMPUTE_CODE, PlanArrays
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel
 from costmodel.rules import divisors, valid_mask
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 
-RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODE.items()}
 MICRO_BATCHES = (1, 2, 4, 8)
 MAX_VPP = 16
 ZERO_STAGES = (1, 3)
@@ -79,16 +78,6 @@ def layout(p: dict) -> str:
     return " ".join(parts)
 
 
-def default_global_batch(model: ModelSpec, num_gpus: int) -> int:
-    """About 4M tokens per step (Llama 3 pre-training used 4M-16M): a power of two times the odd part of
-    the GPU count, so that data-parallel sizes of such clusters (576 = 9 x 64 GPUs) divide it."""
-    odd = num_gpus
-    while odd % 2 == 0:
-        odd //= 2
-    target = max(1.0, (4 * 2**20) / model.seq_len / odd)
-    return int(odd * 2 ** max(0, round(np.log2(target))))
-
-
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
                       recompute: tuple[str, ...] = ("none", "selective", "full"),
@@ -112,7 +101,7 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     for tp, cp, pp, ep in itertools.product(tps, cps, pps + uneven_pps, eps):
         if n % (tp * cp * pp):
             continue
-        dp = n // (tp * cp * pp)
+        dp = data_parallel(n, tp, pp, cp)
         if ep > dp * cp * tp:
             continue
         uneven = model.layers % pp != 0
@@ -146,7 +135,7 @@ def uneven_split(model: ModelSpec, cluster: ClusterSpec, pp: int, global_batch: 
     from costmodel.split import best_split
 
     tp = tp or min(8, cluster.domain_gpus, cluster.num_gpus // pp)
-    dp = max(1, cluster.num_gpus // (tp * pp))
+    dp = data_parallel(cluster.num_gpus, tp, pp)
     if ep is None:
         ep = min(model.num_experts, 8) if model.is_moe and model.num_experts % 8 == 0 else 1
     rep = ParallelPlan(tp=tp, pp=pp, vpp=vpp, dp=dp, global_batch=global_batch, recompute="selective", ep=ep)

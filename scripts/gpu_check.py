@@ -209,7 +209,8 @@ def compare(out: Path, plan_data: dict, run: dict, env: dict) -> dict:
     """The cost model's estimate of the plan on the fresh profile, beside the run's figures."""
     from costmodel.estimate import estimate
     from costmodel.profiles import load_cluster, load_profile
-    from costmodel.specs import ModelSpec, ParallelPlan
+    from costmodel.specs import ModelSpec
+    from costmodel.plan import ParallelPlan
 
     model = ModelSpec.model_validate(plan_data["model"])
     plan = ParallelPlan.model_validate(plan_data["plan"])

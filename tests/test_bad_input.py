@@ -61,7 +61,7 @@ def _csv(rows: list[dict]) -> str:
 
 def _plan_json(drop: str | None = None) -> str:
     from costmodel.catalog import get_model
-    from costmodel.specs import ParallelPlan
+    from costmodel.plan import ParallelPlan
 
     plan = ParallelPlan(global_batch=8, micro_batch=1).model_dump()
     if drop:

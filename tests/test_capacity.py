@@ -13,15 +13,14 @@ import pytest
 
 from costmodel.catalog import get_model
 from costmodel.compression import COMPRESSORS, get_compression
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays, default_global_batch
 from costmodel.profiles import InputError, load_cluster
-from costmodel.specs import ParallelPlan
 from planner.capacity import (DAY_S, Assumptions, Scenario, decide, parse_bandwidth, parse_duration, parse_money,
                               parse_tokens, parse_vary, pareto, refine_sizes, resize, size_range, sweep, vary,
                               whatif_scenarios)
 from planner.cli import main
 from planner.search import exhaustive
-from planner.space import default_global_batch
 from test_cli import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +83,7 @@ def test_points_are_the_planners_best_plan(by_gpus):
     for p in by_gpus:
         cl = p.scenario.cluster
         assert cl.num_gpus == p.gpus and cl.num_gpus == p.plan.world_size
-        res = exhaustive(m, cl, default_global_batch(m, cl.num_gpus))
+        res = exhaustive(m, cl, default_global_batch(m.seq_len, cl.num_gpus))
         assert p.plan.model_dump() == res.plan(0).model_dump()
         assert p.step_time_s == pytest.approx(float(res.scores["step_time_s"][res.order[0]]), rel=1e-12)
         assert p.train_time_s == pytest.approx(15e12 / (p.tokens_per_s_per_gpu * p.gpus), rel=1e-12)

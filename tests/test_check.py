@@ -13,7 +13,7 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import estimate
 from costmodel.profiles import load_cluster, load_profile
 from costmodel.rules import violations
-from costmodel.specs import ParallelPlan
+from costmodel.plan import ParallelPlan
 from planner.check import MAX_CANDIDATES, THRESHOLDS, Finding, diagnose, format_findings, neighbours, predict
 from planner.search import exhaustive, to_plan
 

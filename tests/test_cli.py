@@ -267,10 +267,10 @@ def test_requests_own_the_defaults():
     command that trains here), dp from the GPUs left, ZeRO-1 unless the distributed optimizer is off."""
     from costmodel.profiles import load_profile
     from planner.request import CheckRequest, PlanRequest
-    from planner.space import default_global_batch
+    from costmodel.plan import default_global_batch
 
     t = PlanRequest(model="70b", cluster="h100x512.yaml").resolve()
-    assert t.global_batch == default_global_batch(t.model, 512) and t.profile is None
+    assert t.global_batch == default_global_batch(t.model.seq_len, 512) and t.profile is None
     assert PlanRequest(model="70b", cluster="h100x512.yaml", global_batch=96).resolve().global_batch == 96
     host = load_profile("H100").model_copy(update={"kind": "host"})
     trains_here = PlanRequest(model="70b", cluster="h100x512.yaml", host_batch=True)

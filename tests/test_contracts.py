@@ -22,12 +22,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from costmodel.catalog import get_model
-from costmodel.estimate import BREAKDOWN_KEYS, PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import BREAKDOWN_KEYS, estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays, default_global_batch
 from costmodel.profiles import HardwareProfile, load_cluster, load_profile
 from costmodel.rules import violations
-from costmodel.specs import ClusterSpec, ParallelPlan, StepEstimate
+from costmodel.specs import ClusterSpec, StepEstimate
 from planner.search import to_plan
-from planner.space import default_global_batch, valid_plans
+from planner.space import valid_plans
 
 RTOL = 1e-9   # "never rises": allow float noise only
 
@@ -303,7 +304,7 @@ def test_space_bounds(i):
 # ---- hypothesis: random valid 70B plans on h100x512, knobs varied --------------------------------
 
 H_MODEL, H_CLUSTER = "70b", "h100x512"
-H_GBS = default_global_batch(get_model(H_MODEL), load_cluster(H_CLUSTER).num_gpus)
+H_GBS = default_global_batch(get_model(H_MODEL).seq_len, load_cluster(H_CLUSTER).num_gpus)
 OPTIMIZERS = [dict(distributed_optimizer=True, zero_stage=1), dict(distributed_optimizer=False, zero_stage=0),
               dict(distributed_optimizer=True, zero_stage=2), dict(distributed_optimizer=True, zero_stage=3)]
 HSETTINGS = settings(max_examples=50, deadline=None, derandomize=True,

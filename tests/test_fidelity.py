@@ -23,7 +23,8 @@ import pytest
 
 from costmodel.catalog import GPT_OSS_UNEXPRESSED, catalog, catalog_names, from_hf_config
 from costmodel.profiles import InputError, load_cluster
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
+from costmodel.plan import ParallelPlan
 from planner.outputs import megatron_args, write_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "configs"
@@ -263,12 +264,11 @@ def test_catalog_model_is_reproduced_flag_by_flag(tmp_path, name):
 @pytest.mark.parametrize("name,cluster_name", [("70b", "h100x512"), ("qwen3-30b-a3b", "h100x512"),
                                                ("mixtral-8x7b", "h100x512")])
 def test_planned_plans_reproduce_the_model(tmp_path, name, cluster_name):
-    from planner.cli import best_plan
     from planner.search import exhaustive
-    from planner.space import default_global_batch
+    from costmodel.plan import default_global_batch
 
     model, cluster = catalog()[name], load_cluster(cluster_name)
-    plan = best_plan(exhaustive(model, cluster, default_global_batch(model, cluster.num_gpus)))
+    plan = exhaustive(model, cluster, default_global_batch(model.seq_len, cluster.num_gpus)).split_plan(0)
     ns, lost = parse(written_args(tmp_path, model, cluster_name, plan))
     assert lost == [] and mismatches(spec_facts(model), megatron_facts(ns)) == {}
 

@@ -24,7 +24,8 @@ from costmodel.catalog import get_model
 from costmodel.estimate import estimate
 from costmodel.profiles import InputError, load_cluster
 from costmodel.rules import check_plan
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
+from costmodel.plan import ParallelPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))

@@ -18,7 +18,8 @@ import pytest
 
 from costmodel.estimate import estimate
 from costmodel.profiles import load_cluster, load_profile
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
+from costmodel.plan import ParallelPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 BASH = shutil.which("bash")

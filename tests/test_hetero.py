@@ -12,16 +12,15 @@ import pytest
 import yaml
 
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import RECOMPUTE_NAMES, ParallelPlan, PlanArrays, parse_megatron_layout
 from costmodel.hetero import HeteroPlan, estimate_hetero, group_cluster, group_clusters
 from costmodel.profiles import PROFILE_DIR, InputError, load_cluster
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.split import optimal_split, stage_coefficients
 from planner.cli import main
 from planner.hetero import _mixed_layouts, _valid_layouts, comparison, hetero_search, write_hetero_outputs
 from planner.search import exhaustive
-from planner.space import RECOMPUTE_NAMES
-from costmodel.plan import parse_megatron_layout
 
 MIXED = "a100-v100-mixed"
 TINY = ModelSpec(name="tiny", layers=6, hidden=2048, ffn_hidden=5504, heads=16, vocab=32000, seq_len=2048)

@@ -19,10 +19,10 @@ from megatron.core.transformer.pipeline_parallel_layer_layout import PipelinePar
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.profiles import load_cluster  # noqa: E402
 from costmodel.rules import violations  # noqa: E402
-from costmodel.specs import ModelSpec, ParallelPlan  # noqa: E402
-from planner.cli import best_plan  # noqa: E402
+from costmodel.specs import ModelSpec  # noqa: E402
+from costmodel.plan import ParallelPlan
 from planner.search import exhaustive  # noqa: E402
-from planner.space import default_global_batch  # noqa: E402
+from costmodel.plan import default_global_batch  # noqa: E402
 from executor.model import megatron_config  # noqa: E402  (the executor's own config builder)
 from costmodel.plan import megatron_layout  # noqa: E402
 
@@ -33,13 +33,13 @@ CASES = [("70b", "h100x512"), ("gpt3-175b", "a100x1024"), ("405b", "h100x16384")
 
 def top_plans(model_name: str, cluster_name: str, k: int = 3) -> tuple[ModelSpec, list[ParallelPlan]]:
     model, cluster = get_model(model_name), load_cluster(cluster_name)
-    res = exhaustive(model, cluster, default_global_batch(model, cluster.num_gpus))
+    res = exhaustive(model, cluster, default_global_batch(model.seq_len, cluster.num_gpus))
     assert res.any_fits
     plans = []
     for rank in range(min(k, len(res.order))):
         order0 = res.order.copy()
         res.order = order0[rank:]
-        plans.append(best_plan(res))
+        plans.append(res.split_plan(0))
         res.order = order0
     return model, plans
 

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from costmodel import memory
-from costmodel.estimate import PlanArrays, estimate_arrays
+from costmodel.estimate import estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.flops import embedding_params, layer_params
-from costmodel.specs import ClusterSpec, InterNodeFabric, ModelSpec, ParallelPlan
+from costmodel.specs import ClusterSpec, InterNodeFabric, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY_CSV = ROOT / "data" / "validation" / "memory.csv"

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.estimate import MOE_HOST_FIXED_S, MOE_HOST_PER_EXPERT_S, PlanArrays, estimate_arrays
+from costmodel.estimate import MOE_HOST_FIXED_S, MOE_HOST_PER_EXPERT_S, estimate_arrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import load_cluster, load_profile
 
 MODEL = get_model("qwen3-30b-a3b")          # 128 small experts (ffn 768): little GPU work per layer

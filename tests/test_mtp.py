@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays, megatron_layout
 from costmodel.flops import layer_forward_flops, model_flops_per_step
 from costmodel.profiles import InputError, load_cluster
-from costmodel.specs import ParallelPlan
 from costmodel.validate import framework_split, row_model
 from planner.outputs import megatron_args
-from costmodel.plan import megatron_layout
 from costmodel.split import best_split
 
 DSV3 = get_model("deepseek-v3")

@@ -16,7 +16,7 @@ from costmodel.catalog import get_model
 from costmodel.estimate import estimate
 from costmodel.profiles import InputError, load_cluster
 from costmodel.rules import check_plan
-from costmodel.specs import ParallelPlan
+from costmodel.plan import ParallelPlan
 from planner import outputs
 from planner.outputs import (
     OUTPUT_FILES,

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.estimate import FRAMEWORK, PlanArrays, estimate_arrays
+from costmodel.estimate import FRAMEWORK, estimate_arrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import load_cluster, load_profile
 
 MODEL = get_model("llama3-70b")

@@ -21,7 +21,8 @@ import yaml
 from costmodel import comm, compute
 from costmodel.estimate import estimate
 from costmodel.profiles import Calibration, HardwareProfile, InputError, busbw_at, load_cluster, load_profile
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
+from costmodel.plan import ParallelPlan
 from executor import nccl_tests as nt
 from executor.profile import ProfileError, launch_workers
 from executor.profile_build import fit_gemm_curve, measured_profile, merge_imported

@@ -17,7 +17,8 @@ from costmodel.rules import (
     valid_values,
     violations,
 )
-from costmodel.specs import ModelSpec, ParallelPlan
+from costmodel.specs import ModelSpec
+from costmodel.plan import ParallelPlan
 
 # Llama-3-70B (Meta's config.json): 80 layers, h=8192, ffn=28672, 64 heads, 8 KV heads.
 LLAMA3_70B = ModelSpec(

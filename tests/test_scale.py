@@ -9,9 +9,9 @@ from scipy.special import ndtr
 
 from costmodel import scale
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import load_cluster
-from costmodel.specs import ParallelPlan
 
 H100 = load_cluster("h100x512")
 

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import FIRST_FLAG, LAST_FLAG, ParallelPlan, PlanArrays, megatron_layout, parse_megatron_layout, uneven_flags
 from costmodel.profiles import load_cluster
 from costmodel.rules import violations
-from costmodel.plan import FIRST_FLAG, LAST_FLAG, ParallelPlan, megatron_layout, parse_megatron_layout, uneven_flags
 from costmodel.split import best_split, layer_costs, min_max_split, stage_memory_table
 
 # Brute force ---------------------------------------------------------------------------------------

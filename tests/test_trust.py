@@ -14,9 +14,9 @@ import pytest
 
 from costmodel import trust
 from costmodel.catalog import get_model
-from costmodel.estimate import PlanArrays, estimate, estimate_arrays
+from costmodel.estimate import estimate, estimate_arrays
+from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import load_cluster
-from costmodel.specs import ParallelPlan
 from planner.cli import main
 from planner.search import exhaustive, optuna_search, ranked
 

@@ -16,7 +16,7 @@ from costmodel.catalog import get_model
 from costmodel.estimate import estimate
 from costmodel.profiles import load_cluster
 from costmodel.rules import check_plan, valid_mask, violations
-from costmodel.specs import ParallelPlan
+from costmodel.plan import ParallelPlan
 from planner.cli import main
 from planner.outputs import megatron_args, parse_megatron_args
 from planner.search import exhaustive, expert_seeds, optuna_search, search_space

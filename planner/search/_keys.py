@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.estimate import RECOMPUTE_CODE, PlanArrays
+from costmodel.plan import RECOMPUTE_CODE, RECOMPUTE_NAMES, PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec
-from planner.space import RECOMPUTE_NAMES, valid_plans
+from planner.space import valid_plans
 
 OPTUNA_KNOBS = ("tp", "cp", "pp", "vpp", "ep", "micro_batch", "recompute", "zero_stage")
 """The sampled knobs; each is also a PlanArrays column (recompute there as its code)."""

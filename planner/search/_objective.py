@@ -27,7 +27,7 @@ import numpy as np
 import optuna
 
 from costmodel.rules import violations
-from costmodel.specs import ParallelPlan
+from costmodel.plan import ParallelPlan, data_parallel
 from costmodel.trust import with_intervals
 from planner.search._keys import OPTUNA_KNOBS, KnobCodec, SearchSpace
 from planner.search._results import CostFn, take_rows
@@ -95,7 +95,7 @@ class Objective(KnobCodec):
         n_gpus = nodes * sp.cluster.gpus_per_node
         key = self.key_of(cfg)[1:]
         tp, cp, pp = key[0], key[1], key[2]
-        dp = max(1, n_gpus // (tp * cp * pp))
+        dp = data_parallel(n_gpus, tp, pp, cp)
         config = {**{k: cfg[k] for k in OPTUNA_KNOBS}, "dp": dp, "nodes": nodes, "num_gpus": n_gpus}
         i = sp.index.get(nodes, {}).get(key)
         if i is None:

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import optuna
 
-from costmodel.estimate import PlanArrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import InputError
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.trust import with_intervals

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import InputError
 
 RANK_BY = ("p50", "p90")

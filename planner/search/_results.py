@@ -12,10 +12,11 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays, estimate_arrays
-from costmodel.specs import ClusterSpec, ModelSpec, ParallelPlan
+from costmodel.estimate import estimate_arrays
+
+from costmodel.plan import ParallelPlan, PlanArrays
+from costmodel.specs import ClusterSpec, ModelSpec
 from planner.search._ranking import fit_order, objective_column
-from planner.space import RECOMPUTE_NAMES
 
 CostFn = Callable[[ModelSpec, ClusterSpec, PlanArrays], dict]
 """cost(model, cluster, plans) -> score columns (``estimate_arrays``'s keys: step_time_s, fits, ...)."""
@@ -26,22 +27,13 @@ def default_cost(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays) -> d
 
 
 def to_plan(a: PlanArrays, i: int) -> ParallelPlan:
-    rl = a.recompute_layers[i]
-    return ParallelPlan(tp=int(a.tp[i]), pp=int(a.pp[i]), vpp=int(a.vpp[i]), dp=int(a.dp[i]), cp=int(a.cp[i]),
-                        ep=int(a.ep[i]), etp=int(a.etp[i]), sequence_parallel=bool(a.sp[i]),
-                        micro_batch=int(a.micro_batch[i]), global_batch=int(a.global_batch[i]),
-                        recompute=RECOMPUTE_NAMES[int(a.recompute[i])],
-                        recompute_layers=None if rl < 0 else int(rl),
-                        distributed_optimizer=bool(a.distributed_optimizer[i]), zero_stage=int(a.zero_stage[i]))
+    """Row i as a plan, without its stage split (costmodel.plan.PlanArrays.plan)."""
+    return a.plan(i, split=False)
 
 
 def plan_at(a: PlanArrays, i: int) -> ParallelPlan:
-    """``to_plan`` plus the uneven stage split of row i (``stage_layers``), if the row has one."""
-    plan = to_plan(a, i)
-    sl = a.stage_layers
-    if sl is not None and not np.isnan(sl[i, 0]):
-        plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})
-    return plan
+    """Row i as a plan with its uneven stage split (``stage_layers``), if the row has one."""
+    return a.plan(i)
 
 
 @dataclass

@@ -4,7 +4,7 @@ samples, with the rough static-memory model that picks their pipeline depths."""
 from __future__ import annotations
 
 from costmodel import memory
-from costmodel.estimate import RECOMPUTE_CODE
+from costmodel.plan import RECOMPUTE_CODE, data_parallel
 from costmodel.flops import total_params
 from costmodel.profiles import load_profile
 from planner.search._keys import SearchSpace, cfg_of_key
@@ -52,7 +52,7 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
             pps = [p for p in ch["pp"] if n_gpus % (tp * cp * p) == 0]
             static_ok = []
             for p in pps:
-                dp = n_gpus // (tp * cp * p)
+                dp = data_parallel(n_gpus, tp, p, cp)
                 per_gpu = params / (tp * p) * (memory.WEIGHT_BYTES + memory.GRAD_BYTES_CORE
                                                + memory.OPTIMIZER_BYTES / (dp * cp))
                 if per_gpu <= STATIC_MEMORY_SHARE * cap:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.estimate import PlanArrays
+from costmodel.plan import PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.trust import with_intervals
 from planner.search._results import CostFn, SearchResult, default_cost, ranked

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from costmodel.estimate import PlanArrays
+from costmodel.plan import PlanArrays
 from costmodel.profiles import InputError
 from planner.search._budget import default_budget
 from planner.search._keys import SearchSpace, search_space

@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from costmodel.catalog import get_model  # noqa: E402
-from costmodel.estimate import PlanArrays, estimate_arrays  # noqa: E402
+from costmodel.estimate import estimate_arrays  # noqa: E402
+from costmodel.plan import PlanArrays, default_global_batch
 from costmodel.profiles import load_cluster, load_profile  # noqa: E402
 from costmodel.trust import with_intervals  # noqa: E402
-from planner.space import default_global_batch, valid_plans  # noqa: E402
+from planner.space import valid_plans  # noqa: E402
 
 TARGET_PLANS_PER_S = 200_000
 PUBLISHED = ROOT / "data" / "validation" / "published_runs.csv"
@@ -48,7 +49,7 @@ def candidate_plans(n: int) -> tuple[object, object, object, PlanArrays, int]:
     model = get_model("70b")
     cluster = load_cluster("h100x512")
     prof = load_profile(cluster.gpu)
-    base = valid_plans(model, cluster, default_global_batch(model, cluster.num_gpus))
+    base = valid_plans(model, cluster, default_global_batch(model.seq_len, cluster.num_gpus))
     idx = np.arange(n) % len(base)
     cols = {f.name: getattr(base, f.name)[idx] for f in fields(PlanArrays) if f.name != "stage_layers"}
     return model, cluster, prof, PlanArrays(**cols), len(base)

@@ -30,7 +30,7 @@ from costmodel.catalog import get_model  # noqa: E402
 from costmodel.profiles import load_cluster  # noqa: E402
 from planner.hetero import describe, hetero_search  # noqa: E402
 from planner.routing import Routing, routed_search  # noqa: E402
-from planner.space import default_global_batch  # noqa: E402
+from costmodel.plan import default_global_batch  # noqa: E402
 from costmodel.routing import expert_fractions  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def bench_hetero(repeats: int) -> None:
     cluster = load_cluster("a100-v100-mixed")
     for name in ("13b", "70b", "mixtral-8x7b"):
         model = get_model(name)
-        gbs = default_global_batch(model, cluster.num_gpus)
+        gbs = default_global_batch(model.seq_len, cluster.num_gpus)
         res, wall = timed(lambda: hetero_search(model, cluster, gbs), repeats)
         best, launch = res.ranked[0], res.best_launchable()
         alone = ", ".join(f"{g} {s.est.step_time_s:.2f} s" if s else f"{g} no fit" for g, s in res.alone.items())

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.profiles import load_cluster  # noqa: E402
 from planner.search import exhaustive, optuna_search  # noqa: E402
-from planner.space import default_global_batch  # noqa: E402
+from costmodel.plan import default_global_batch  # noqa: E402
 
 CASES = (("70b", "h100x512"), ("405b", "h100x16384"))
 
@@ -45,7 +45,7 @@ def _best(res) -> tuple[float, bool]:
 
 def bench_case(model_name: str, cluster_name: str, seeds: int, sampler: str) -> None:
     model, cluster = get_model(model_name), load_cluster(cluster_name)
-    gbs = default_global_batch(model, cluster.num_gpus)
+    gbs = default_global_batch(model.seq_len, cluster.num_gpus)
     exhaustive(model, cluster, gbs)  # warm-up (profile cache, uneven-split solves, imports)
     t0 = time.perf_counter()
     ex = exhaustive(model, cluster, gbs)

@@ -52,7 +52,7 @@ def test_import_contracts_catch_violations(tmp_path):
     _append(tmp_path / "planner" / "space.py",
             "def _bad():\n    import torch  # noqa: F401\n    from executor import data  # noqa: F401\n")
     _append(tmp_path / "executor" / "data.py",
-            "def _bad():\n    from planner import split  # noqa: F401\n    from executor import report  # noqa: F401\n")
+            "def _bad():\n    from planner import space  # noqa: F401\n    from executor import report  # noqa: F401\n")
     _append(tmp_path / "executor" / "report.py", "def _bad():\n    from executor import data  # noqa: F401\n")
     out = lint_imports(tmp_path)
     report = out.stdout + out.stderr
@@ -60,7 +60,7 @@ def test_import_contracts_catch_violations(tmp_path):
     for name in CONTRACTS:
         assert f"{name} BROKEN" in report, report
     assert "costmodel.flops -> planner.space" in report and "planner.space -> torch" in report, report
-    assert "planner.space -> executor.data" in report and "executor.data -> planner.split" in report, report
+    assert "planner.space -> executor.data" in report and "executor.data -> planner.space" in report, report
 
 
 def _modules():

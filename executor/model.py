@@ -40,6 +40,7 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
         context_parallel_size=plan.cp, sequence_parallel=plan.sequence_parallel and plan.tp > 1,
         bf16=dtype == "bf16", fp16=dtype == "fp16", params_dtype=torch_dtype, pipeline_dtype=torch_dtype,
     )
+    kw.update(_architecture(model))
     if plan.vpp > 1:
         kw["virtual_pipeline_model_parallel_size"] = plan.vpp
     if plan.layers_per_stage is not None:
@@ -55,6 +56,7 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
             kw["moe_shared_expert_intermediate_size"] = model.shared_experts * model.expert_ffn
         if model.dense_layers:
             kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
+        kw.update(_router(model))
     if plan.recompute == "full":
         layers = plan.recompute_layers
         kw.update(recompute_granularity="full", recompute_method="uniform" if layers is None else "block",
@@ -72,6 +74,45 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cls(**kw)
+
+
+def _architecture(model: ModelSpec) -> dict[str, Any]:
+    """The layer facts of a model as TransformerConfig fields, set the way Megatron-LM's
+    ``core_transformer_config_from_args`` sets them from the flags planner/outputs.py writes (--normalization,
+    --apply-layernorm-1p, --norm-epsilon, --qk-layernorm, --swiglu / --squared-relu / --quick-geglu,
+    --activation-func-clamp-value, --glu-linear-offset, --disable-bias-linear, --add-qkv-bias, dropouts)."""
+    import torch.nn.functional as F
+    from megatron.core.activations import quick_gelu, squared_relu
+
+    act = {"swiglu": (F.silu, True), "squared_relu": (squared_relu, False), "quick_geglu": (quick_gelu, True),
+           "gelu": (F.gelu, model.gated_mlp)}
+    kw: dict[str, Any] = dict(
+        normalization="RMSNorm" if model.normalization == "RMSNorm" else "LayerNorm",
+        layernorm_zero_centered_gamma=model.normalization == "LayerNorm1p", layernorm_epsilon=model.norm_epsilon,
+        qk_layernorm=model.qk_norm, add_bias_linear=model.linear_bias,
+        add_qkv_bias=model.qkv_bias and not model.linear_bias,
+        attention_dropout=model.attention_dropout, hidden_dropout=model.hidden_dropout,
+    )
+    if model.activation in act:   # others are written as lost by the flags; the config keeps Megatron's GELU
+        kw["activation_func"], kw["gated_linear_unit"] = act[model.activation]
+    if model.activation_clamp is not None:
+        kw["activation_func_clamp_value"] = model.activation_clamp
+    if model.glu_linear_offset:
+        kw["glu_linear_offset"] = model.glu_linear_offset
+    return kw
+
+
+def _router(model: ModelSpec) -> dict[str, Any]:
+    """The MoE router as TransformerConfig fields (the flags' --moe-router-* of planner/outputs.py)."""
+    kw: dict[str, Any] = dict(moe_router_score_function=model.moe_router_score,
+                              moe_router_enable_expert_bias=model.moe_router_expert_bias)
+    if model.moe_router_score == "softmax" and not model.moe_router_norm_topk:
+        kw["moe_router_pre_softmax"] = True
+    if model.moe_router_topk_scaling != 1.0:
+        kw["moe_router_topk_scaling_factor"] = model.moe_router_topk_scaling
+    if model.moe_router_groups is not None:
+        kw.update(moe_router_num_groups=model.moe_router_groups, moe_router_group_topk=model.moe_router_group_topk)
+    return kw
 
 
 def padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
@@ -97,10 +138,11 @@ def build_chunks(model: ModelSpec, plan: ParallelPlan, config, *, vocab_size: in
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(model.num_experts or None,
-                                                          moe_grouped_gemm=config.moe_grouped_gemm)
+                                                          moe_grouped_gemm=config.moe_grouped_gemm,
+                                                          qk_layernorm=config.qk_layernorm)
     except ImportError:
         spec = get_gpt_layer_local_spec(model.num_experts or None, moe_grouped_gemm=config.moe_grouped_gemm,
-                                        normalization=config.normalization)
+                                        qk_layernorm=config.qk_layernorm, normalization=config.normalization)
     chunks = []
     for vp in range(plan.vpp):
         vp_stage = vp if plan.vpp > 1 else None
@@ -111,6 +153,7 @@ def build_chunks(model: ModelSpec, plan: ParallelPlan, config, *, vocab_size: in
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             share_embeddings_and_output_weights=False,
             position_embedding_type="learned_absolute" if model.learned_position_embeddings else "rope",
+            rotary_base=int(model.rotary_base), rotary_percent=model.rotary_percent,
             vp_stage=vp_stage,
         ))
     return chunks

@@ -19,12 +19,11 @@ from megatron.core.transformer.pipeline_parallel_layer_layout import PipelinePar
 from costmodel.catalog import get_model  # noqa: E402
 from costmodel.profiles import load_cluster  # noqa: E402
 from costmodel.rules import violations  # noqa: E402
+from costmodel.plan import ParallelPlan, default_global_batch, megatron_layout  # noqa: E402
 from costmodel.specs import ModelSpec  # noqa: E402
-from costmodel.plan import ParallelPlan
-from planner.search import exhaustive  # noqa: E402
-from costmodel.plan import default_global_batch  # noqa: E402
 from executor.model import megatron_config  # noqa: E402  (the executor's own config builder)
-from costmodel.plan import megatron_layout  # noqa: E402
+from planner.outputs import megatron_args  # noqa: E402
+from planner.search import exhaustive  # noqa: E402
 
 
 CASES = [("70b", "h100x512"), ("gpt3-175b", "a100x1024"), ("405b", "h100x16384"), ("mixtral-8x7b", "h100x512"),
@@ -83,3 +82,28 @@ def test_rejected_by_both(change):
     assert violations(model, plan) != []
     with pytest.raises((ValueError, AssertionError)):
         megatron_config(model, plan)
+
+
+@pytest.mark.parametrize("name", ["70b", "gpt3-175b", "nemotron4-340b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_executor_config_has_the_architecture_the_flags_give(name):
+    """What `plan run` builds is the model the emitted Megatron-LM flags describe: norm, qk-norm, activation,
+    biases, dropout and the MoE router as Megatron-LM's arguments would set them."""
+    model = get_model(name)
+    plan = ParallelPlan(tp=8, pp=1, ep=8 if model.is_moe else 1, dp=8, global_batch=64)
+    flags = " ".join(megatron_args(model, plan)) + " "
+    cfg = megatron_config(model, plan)
+    assert cfg.normalization == ("RMSNorm" if "--normalization RMSNorm " in flags else "LayerNorm")
+    assert cfg.qk_layernorm == ("--qk-layernorm " in flags)
+    assert cfg.add_bias_linear == ("--disable-bias-linear " not in flags)
+    assert cfg.add_qkv_bias == ("--add-qkv-bias " in flags)
+    act = {"--swiglu ": ("silu", True), "--squared-relu ": ("squared_relu", False), "--quick-geglu ": ("quick_gelu", True)}
+    expected = next((v for k, v in act.items() if k in flags), ("gelu", cfg.gated_linear_unit))
+    assert (cfg.activation_func.__name__, cfg.gated_linear_unit) == expected
+    assert f"--norm-epsilon {cfg.layernorm_epsilon:g} " in flags
+    assert f"--attention-dropout {cfg.attention_dropout:g} " in flags
+    if model.is_moe:
+        assert f"--moe-router-score-function {cfg.moe_router_score_function} " in flags
+        assert cfg.moe_router_enable_expert_bias == ("--moe-router-enable-expert-bias " in flags)
+        assert cfg.moe_router_pre_softmax == ("--moe-router-pre-softmax " in flags)
+        if cfg.moe_router_num_groups:
+            assert f"--moe-router-num-groups {cfg.moe_router_num_groups} " in flags

@@ -70,6 +70,14 @@ MOE_HOST_FIXED_S = 1.25e-3
 # the fused path). Backward issues twice this (dgrad and wgrad per expert GEMM, gradient quantisation, one
 # megatron-core grad hook per expert weight).
 MOE_HOST_PER_EXPERT_S = 90e-6
+# GPU-side fixed time of one local expert's GEMM in the grouped MLP, beyond what the dense shape curve
+# (costmodel/compute.py gemm_efficiency on the tokens per expert) gives: a per-expert GEMM has few output tiles
+# (wave quantisation) and a short K loop, whichever kernel runs it. Measured on H100 (tgale96/grouped_gemm
+# PR #37, Qwen3-30B-A3B up_proj: 128 experts, K=2048, N=1536, 512 tokens each, uniform routing): 160.5 TFLOP/s
+# with the CUTLASS SM90 grouped kernel, 129.5 with the cuBLAS loop, i.e. 20.1 / 24.9 us per expert GEMM,
+# where the un-calibrated shape curve gives 7.6 us: 12.5 us more with the faster kernel, taken here. Forward
+# runs two such GEMMs per local expert (fc1, fc2), backward four (dgrad and wgrad of each).
+GROUPED_GEMM_FIXED_S = 12.5e-6
 # Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
 P2P_FIXED_S = 60e-6
 # Unfused attention (Megatron-LM 2020-2022, Paxml): bytes of HBM traffic per element of the a*s*s score
@@ -304,6 +312,7 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
                                                         c.ep_N)
     t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
     t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
+    t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
     moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
     moe_f = moe_gemm + d.t_core_f + mb_moe + d.t_tp_exposed + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
     moe_b = (2 * moe_gemm + d.t_core_b + 2 * mb_moe + d.t_tp_exposed + d.cp_exp_b + t_a2a + 2 * t_moe_fixed

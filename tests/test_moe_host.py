@@ -52,3 +52,18 @@ def test_dense_model_unaffected():
     plans = PlanArrays.from_columns(tp=1, pp=1, dp=8, micro_batch=1, global_batch=128, recompute=0)
     d = estimate_arrays(dense, CLUSTER, plans, profile=PROF)["details"]
     assert "moe_host_s" not in d
+
+
+def test_grouped_gemm_fixed_time_per_local_expert(monkeypatch):
+    """Each local expert's GEMMs pay GROUPED_GEMM_FIXED_S beyond the shape curve: two forward, four backward."""
+    from costmodel import estimate
+
+    fixed = estimate.GROUPED_GEMM_FIXED_S
+    ep = np.array([8.0, 32.0])
+    on = _details(dp=8, ep=ep, micro_batch=16)           # GPU-bound: above the host floor
+    monkeypatch.setattr(estimate, "GROUPED_GEMM_FIXED_S", 0.0)
+    off = _details(dp=8, ep=ep, micro_batch=16)
+    local = MODEL.num_experts / ep
+    assert np.all(off["layer_moe_fwd_s"] > off["moe_host_s"])
+    assert on["layer_moe_fwd_s"] - off["layer_moe_fwd_s"] == pytest.approx(2 * local * fixed, rel=1e-6)
+    assert on["layer_moe_bwd_s"] - off["layer_moe_bwd_s"] == pytest.approx(4 * local * fixed, rel=1e-6)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.profiles import InputError
 
 SCALE_BYTES = 4.0
+"""One fp32 scale per quantisation block (module doc)."""
 
 
 class GradCompression(BaseModel):

@@ -16,6 +16,8 @@ _REF_DIM = 8192.0
 # A100 peak forward and 35-63% backward; FlashAttention-3 (Shah et al. 2024) 75% forward on H100.
 ATTN_FWD_EFFICIENCY = 0.70
 ATTN_BWD_EFFICIENCY = 0.55
+# No achieved matmul efficiency in data/validation/gemm.csv exceeds 0.97 (Gaudi 2) and no NVIDIA one 0.87 of the
+# vendor peak: a calibration factor may not push a GEMM past this (a bound with margin, not fitted).
 MAX_GEMM_EFFICIENCY = 0.92
 
 
@@ -37,9 +39,8 @@ def gemm_efficiency(profile: HardwareProfile, dtype: str, min_dim) -> np.ndarray
         eff = eff * profile.calibration.fp8_gemm_efficiency
     if dtype == "fp4":
         eff = eff * profile.calibration.fp4_gemm_efficiency
-    # No achieved matmul efficiency in data/validation/gemm.csv exceeds 0.97 (Gaudi 2) and no NVIDIA one
-    # 0.87: a calibration factor may not push a GEMM past that.
-    # A measured profile (plan profile) whose peak is its own best GEMM rate sets its cap to 1.0.
+    # MAX_GEMM_EFFICIENCY bounds it; a measured profile (plan profile) whose peak is its own best GEMM rate
+    # sets its cap to 1.0.
     cap = profile.gemm_efficiency_cap if profile.gemm_efficiency_cap is not None else MAX_GEMM_EFFICIENCY
     return np.minimum(eff, cap)
 

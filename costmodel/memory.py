@@ -25,6 +25,8 @@ from costmodel.flops import attention_proj_dims
 from costmodel.specs import ModelSpec
 
 GIB = float(2**30)
+# Mixed-precision Adam (Rajbhandari et al. 2020, ZeRO, Sec. 3.1): 2-byte weights, and fp32 master weights,
+# momentum and variance, 12 bytes, in the optimizer state.
 WEIGHT_BYTES = 2.0
 GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM; megatron-core with grad_reduce_in_fp32)
 GRAD_BYTES_CORE = 2.0   # megatron-core DistributedDataParallelConfig default: grads in the param dtype

@@ -181,10 +181,11 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     c.wide = "fp32" if model.precision == "fp32" else "bf16"    # attention core and LM head dtype
     c.D = D = cluster.domain_gpus
     c.h, c.s = model.hidden, model.seq_len
-    c.tp, c.pp, c.vpp, c.dp, c.cp = tp, pp, vpp, dp, cp = a.tp, a.pp, a.vpp, a.dp, a.cp
-    c.ep, c.etp, c.sp, c.mbs = ep, etp, sp, mbs = a.ep, a.etp, a.sp & (a.tp > 1), a.micro_batch
+    c.tp, c.pp, c.dp, c.cp = tp, pp, dp, cp = a.tp, a.pp, a.dp, a.cp
+    c.vpp, c.sp = a.vpp, a.sp & (a.tp > 1)
+    c.ep, c.etp, c.mbs = ep, etp, mbs = a.ep, a.etp, a.micro_batch
     c.n = len(a)
-    c.m = np.maximum(np.floor(a.global_batch / (dp * mbs)), 1.0)
+    c.m = a.num_microbatches
     c.tokens = mbs * c.s / cp                      # tokens of this rank's sequence shard per micro-batch
     c.dims = attention_proj_dims(model)
 

@@ -51,7 +51,7 @@ mixed precision and Adam (2-byte weights + fp32 master weights and two moments, 
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from scipy.special import lambertw
 
 from costmodel.flops import total_params

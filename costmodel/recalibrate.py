@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from costmodel.fit import FACTORS, Measurement, factor_bounds, fit_calibration, predict, relevant_factors
-from costmodel.profiles import Calibration, HardwareProfile, load_profile
+from costmodel.profiles import Calibration, HardwareProfile
 
 # Factors a handful of runs cannot pin down: the GEMM shape curve needs many shapes, the host overhead
 # executor runs on CPU processes.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -300,13 +300,6 @@ def _key(p: ParallelPlan) -> tuple:
     return tuple(sorted(p.model_dump().items(), key=lambda kv: kv[0]))
 
 
-def _filled(model: ModelSpec, p: ParallelPlan) -> ParallelPlan:
-    """The plan with its split written out, as estimate() scores it."""
-    if p.layers_per_stage is not None:
-        return p
-    return p.model_copy(update={"layers_per_stage": even_split(model.layers, p.pp)})
-
-
 # Text ------------------------------------------------------------------------------------------------
 
 
@@ -420,7 +413,7 @@ class _Diagnosis:
         self.alts = [c.plan for c in cands]
         self.figs = None
         if self.alts:
-            arrays = PlanArrays.from_plans([_filled(model, p) for p in self.alts])
+            arrays = PlanArrays.from_plans([p.with_even_split(model.layers) for p in self.alts])
             if load is not None:
                 out = routing.scorer(placement)(model, cluster, arrays, profile=prof, framework=plan.framework)
             else:

@@ -43,8 +43,6 @@ __all__ = [
     "parse_megatron_args",
     "sbatch_script",
     "transformer_engine_runs",
-    "check_target",
-    "write_file_atomic",
     "write_files_atomic",
     "write_outputs",
 ]

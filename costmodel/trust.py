@@ -143,17 +143,21 @@ def thin_width_factor(residuals: np.ndarray, qs: list[list[float]], thin: np.nda
 
 
 def fit_intervals(residuals: np.ndarray, paths: list[tuple[str, ...]], support: np.ndarray,
-                  prior_rows: float, folds: list[str] | None = None, width_factor: float = 1.0) -> dict:
+                  prior_rows: float, folds: list[str] | None = None, width_factor: float = 1.0,
+                  thin_factor: float | None = None) -> dict:
     """Class quantiles and the thin-support width factor from CV residuals, each row's class path and the
     count of validated runs near it in its training fold.
 
     With ``folds`` the width factor is measured out of fold: each thin row against the class quantiles
     fitted without its fold (a thin-support plan is one unlike the runs the intervals were fitted on, so
     its interval must hold on rows the quantiles did not see); without, in-sample. ``width_factor`` widens
-    every interval about P50 (chosen by the script: 1 unless a wider one has the lower nested quantile loss);
-    a thin-support plan gets the larger of the two factors."""
+    every interval about P50; ``thin_factor`` sets the thin-support factor instead of measuring it (the script
+    chooses both by nested quantile loss); a thin-support plan gets the larger of the two factors."""
     res, sup = np.asarray(residuals, float), np.asarray(support)
     classes = class_quantiles(res, paths, prior_rows)
+    if thin_factor is not None:
+        return {"levels": list(LEVELS), "prior_rows": prior_rows, "thin_support": THIN_SUPPORT,
+                "width_factor": width_factor, "thin_width_factor": thin_factor, "classes": classes}
     if folds is None:
         qs = [lookup(classes, p)[1] for p in paths]
     else:
@@ -232,7 +236,8 @@ def cv_inputs(runs: list[dict], rows: list[dict]) -> dict:
 
 
 def held_out_bounds(residuals: np.ndarray, paths: list[tuple[str, ...]], support: np.ndarray, folds: list[str],
-                    prior_rows: float, width_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                    prior_rows: float, width_factor: float = 1.0,
+                    thin_factor: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each row's P10 / P90 log bounds with the intervals fitted without its fold (nested cross-validation
     of the conformal step itself: how the shipped intervals do on a source they have not seen)."""
     res, sup, fold = np.asarray(residuals, float), np.asarray(support), np.array(folds)
@@ -240,7 +245,7 @@ def held_out_bounds(residuals: np.ndarray, paths: list[tuple[str, ...]], support
     for f in sorted(set(folds)):
         test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
         fit = fit_intervals(res[train], [paths[i] for i in train], sup[train], prior_rows,
-                            [folds[i] for i in train], width_factor)
+                            [folds[i] for i in train], width_factor, thin_factor)
         lo[test], hi[test] = row_bounds(fit, [paths[i] for i in test], sup[test])
     return lo, hi
 

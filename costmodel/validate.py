@@ -479,7 +479,7 @@ def nested_interval_coverage(path: str | Path, cv_rows: list[dict]) -> dict:
     d = trust.cv_inputs(run_descriptors(cases), cv_rows)
     fit = trust.intervals_data()
     lo, hi = trust.held_out_bounds(d["residuals"], d["paths"], d["support"], d["folds"], fit["prior_rows"],
-                                   fit.get("width_factor", 1.0))
+                                   fit.get("width_factor", 1.0), fit.get("thin_width_factor"))
     return trust.coverage(d["residuals"], lo, hi)
 
 

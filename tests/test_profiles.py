@@ -52,7 +52,8 @@ def _norm(s: str) -> str:
 
 def test_expected_profiles_and_clusters_ship():
     assert {p.stem for p in profile_paths()} >= {
-        "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300", "V100-32GB"}
+        "A100-80GB", "A100-40GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300", "V100-32GB",
+        "V100-16GB"}
     assert {p.stem for p in CLUSTER_PATHS} >= {
         "h100x512", "a100x1024", "h200x256", "b200x1024", "gb200-nvl72x8", "gb300-nvl72x4",
         "h100x16384", "v100-dgx2x64"}
@@ -151,7 +152,9 @@ def test_published_runs_gpu_types_resolve(gpu_type):
     ("B200", "B200"), ("B300", "B300"), ("GB200", "GB200"), ("GB300", "GB300"),
     ("H100-80GB-HBM3", "H100"), ("NVIDIA H100 SXM", "H100"), ("nvidia h100 80gb hbm3", "H100"),
     ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100-SXM3-32GB", "V100-32GB"),
-    ("NVIDIA B300 SXM6 AC", "B300"), ("h800", "H800"), ("NVIDIA H200", "H200")])
+    ("NVIDIA B300 SXM6 AC", "B300"), ("h800", "H800"), ("NVIDIA H200", "H200"),
+    ("A100 40GB", "A100-40GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("Tesla V100-SXM2-16GB", "V100-16GB"),
+    ("V100 16GB", "V100-16GB")])
 def test_alias_resolves_to(alias, name):
     assert load_profile(alias).name == name
 
@@ -222,7 +225,9 @@ def test_a100_headline_numbers():
     ("GB200", 186, 2.5e15, 5e15, 10e15, 900e9, 50e9, 72, True),
     ("B300", 270, 2.25e15, 4.5e15, 13.5e15, 900e9, 100e9, 8, True),
     ("GB300", 279, 2.5e15, 5e15, 15e15, 900e9, 100e9, 72, True),
-    ("V100-32GB", 32, 125e12, None, None, 150e9, 6.25e9, 16, False)])
+    ("V100-32GB", 32, 125e12, None, None, 150e9, 6.25e9, 16, False),
+    ("A100-40GB", 40, 312e12, None, None, 300e9, 25e9, 8, False),
+    ("V100-16GB", 16, 125e12, None, None, 150e9, 6.25e9, 8, False)])
 def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain, nvls):
     p = load_profile(name)
     assert p.memory_bytes.value == memory_gib * GIB
@@ -300,7 +305,7 @@ def test_curve_groups_match_nccl_csv():
     assert b200.curve("all_reduce", "intra").points[-1] == (17179869184, pytest.approx(845.67e9))
     assert load_profile("A100").curve("all_reduce", "intra").points[-1][1] == pytest.approx(234.89e9)
     assert load_profile("H200").curve("all_reduce", "intra").points[-1][1] == pytest.approx(482.26e9)
-    for name in ("H800", "B300", "GB200", "GB300", "V100-32GB"):
+    for name in ("H800", "B300", "GB200", "GB300", "V100-32GB", "A100-40GB", "V100-16GB"):
         assert load_profile(name).curves == ()
 
 

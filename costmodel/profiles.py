@@ -7,6 +7,7 @@ a source id that the profile's ``sources`` table resolves to a citation.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -334,17 +335,53 @@ def same_gpu(a: HardwareProfile, b: HardwareProfile) -> bool:
     return _norm(a.name) in names(b) or _norm(b.name) in names(a)
 
 
+# Words of a GPU's spelling that name its vendor, module or memory technology but not which GPU it is
+# ("NVIDIA H100 SXM5 80GB HBM3" is the H100 80GB). PCIe and NVL parts are other products (lower clocks and
+# power): their words are kept, so they match no SXM profile.
+_GPU_NOISE = frozenset({"nvidia", "tesla", "gpu", "tensor", "core", "sxm", "sxm2", "sxm3", "sxm4", "sxm5", "sxm6",
+                        "hbm", "hbm2", "hbm2e", "hbm3", "hbm3e", "hgx", "dgx", "ac"})
+
+
+def _gpu_words(name: str) -> tuple[frozenset, float | None]:
+    """A GPU spelling as (its identifying words, the memory size it states in GB or None)."""
+    text = re.sub(r"(\d+)\s*(gb|gib)\b", r"\1gb", name.lower())
+    words = frozenset(w for w in re.split(r"[^a-z0-9]+", text) if w and w not in _GPU_NOISE)
+    mem = [float(w[:-2]) for w in words if re.fullmatch(r"\d+gb", w)]
+    return words, (mem[0] if mem else None)
+
+
+def _match_by_words(name: str, profiles: list[HardwareProfile]) -> list[HardwareProfile]:
+    """Profiles one of whose spellings has the same identifying words as ``name``; failing that, those whose
+    words are ``name``'s without its memory size, where that size is within 10% of the profile's memory
+    (in GB or GiB: "B200 192GB" is the B200 profile's 180 GiB)."""
+    want, mem = _gpu_words(name)
+    spell = {id(p): [_gpu_words(x)[0] for x in (p.name, *p.aliases)] for p in profiles}
+    hits = [p for p in profiles if want in spell[id(p)]]
+    if hits or mem is None:
+        return hits
+    bare = frozenset(w for w in want if not re.fullmatch(r"\d+gb", w))
+    gib = [p for p in profiles if bare in spell[id(p)]]
+    return [p for p in gib if any(abs(mem * unit / p.memory_bytes.value - 1) <= 0.10 for unit in (1e9, 2**30))]
+
+
 def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile:
-    """A profile by file path, canonical name or alias (case and punctuation ignored)."""
+    """A profile by file path, canonical name or alias (case and punctuation ignored), or by a spelling with
+    the same identifying words (vendor, module and memory-technology words aside: "NVIDIA H100 SXM5 80GB")."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return _load_profile_file(p.resolve())
     want = _norm(name_or_path)
-    for path in profile_paths(root):
-        prof = _load_profile_file(path)
+    profiles = [_load_profile_file(path) for path in profile_paths(root)]
+    for prof in profiles:
         if want in {_norm(prof.name), *(_norm(a) for a in prof.aliases)}:
             return prof
+    hits = _match_by_words(name_or_path, profiles)
+    if len(hits) == 1:
+        return hits[0]
     names = [path.stem for path in profile_paths(root)]
+    if hits:
+        raise InputError(f"ambiguous GPU type {name_or_path!r}: it could be {', '.join(h.name for h in hits)}; "
+                         f"name one of them")
     raise InputError(f"unknown GPU type {name_or_path!r}; valid: {', '.join(names)}")
 
 

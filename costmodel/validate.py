@@ -24,7 +24,35 @@ from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
 from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
-                    "tp", "pp", "global_batch", "scored", "step_time_s")
+                    "tp", "pp", "global_batch")
+# A row's published step time: the ``step_time_s`` column, or, where that column is absent or empty, derived
+# from ``measured_metric`` / ``measured_value`` for the metrics that determine it without a FLOP convention
+# (a TFLOP/s or MFU figure depends on the source's FLOP formula, so it is not converted). Without a
+# ``scored`` column every row with a step time is scored.
+STEP_TIME_METRICS = {
+    "step_time_s": lambda v, row: v,
+    "step_time_ms": lambda v, row: v / 1e3,
+    "elapsed_time_per_iteration_ms": lambda v, row: v / 1e3,
+    "tokens_per_sec_per_gpu": lambda v, row: row["global_batch"] * row["seq_len"] / (v * row["num_gpus"]),
+    "tokens_per_sec": lambda v, row: row["global_batch"] * row["seq_len"] / v,
+    "samples_per_sec": lambda v, row: row["global_batch"] / v,
+    "sequences_per_sec": lambda v, row: row["global_batch"] / v,
+}
+
+
+def published_step_time(row: dict) -> float:
+    """The row's published step time in seconds (see STEP_TIME_METRICS); ValueError naming the columns when
+    it has none."""
+    direct = _num(row.get("step_time_s", ""))
+    if direct is not None:
+        return direct
+    metric = (row.get("measured_metric") or "").strip().lower()
+    value = _num(row.get("measured_value", ""))
+    if metric in STEP_TIME_METRICS and value and value > 0:
+        nums = {k: float(row[k]) for k in ("global_batch", "seq_len", "num_gpus")}
+        return float(STEP_TIME_METRICS[metric](value, nums))
+    raise ValueError(f"column 'step_time_s' is empty and measured_metric {metric or '(empty)'!r} does not give a "
+                     f"step time; valid metrics: {', '.join(STEP_TIME_METRICS)}")
 
 # Catalog entries whose architecture details (MLA, head width, leading dense layers, shared experts,
 # vocabulary) fill what a row leaves out, matched on the row's model name.
@@ -272,10 +300,10 @@ def _check_numbers(row: dict) -> None:
         low = 0 if col == "moe_experts" else 1
         if not math.isfinite(x) or x != int(x) or not low <= x <= INT64_MAX:
             raise ValueError(f"column '{col}': expected an integer >= {low}, got {raw!r}")
-    t = _num(row.get("step_time_s", ""))
+    raw = (row.get("step_time_s") or "").strip()
+    t = _num(raw) if raw else published_step_time(row)
     if t is None or not math.isfinite(t) or t <= 0:
-        raise ValueError(f"column 'step_time_s': expected a step time in seconds > 0, got "
-                         f"{(row.get('step_time_s') or '').strip()!r}")
+        raise ValueError(f"column 'step_time_s': expected a step time in seconds > 0, got {raw!r}")
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
@@ -291,6 +319,8 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
     except csv.Error as exc:
         raise InputError(f"{p}: malformed CSV header ({exc})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+    if "step_time_s" not in cols and not {"measured_metric", "measured_value"} <= set(cols):
+        missing.append("step_time_s (or measured_metric and measured_value)")
     if missing:
         raise InputError(f"{p}: missing column(s) {', '.join(missing)}; expected the columns of "
                          f"data/validation/published_runs.csv")
@@ -305,7 +335,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
         except csv.Error as exc:
             raise InputError(f"{p}: line {reader.line_num}: malformed CSV ({exc})") from None
         i += 1
-        if (row.get("scored") or "").strip().lower() != "true":
+        if "scored" in cols and (row.get("scored") or "").strip().lower() != "true":
             continue
         assumed: list[str] = []
         try:
@@ -315,7 +345,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             model = row_model(row, assumed)
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
-            published = float(row["step_time_s"])
+            published = published_step_time(row)
         except ValidationError as exc:
             e = exc.errors()[0]
             loc = ".".join(str(x) for x in e["loc"]) or "(row)"

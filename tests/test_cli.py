@@ -109,6 +109,33 @@ def test_validate_csv_missing_columns(capsys, tmp_path):
     assert "missing column" in line
 
 
+def test_validate_derives_the_step_time_without_step_time_or_scored_columns(capsys, tmp_path):
+    """A CSV of the published-runs schema without the derived columns: every row is scored, the step time
+    comes from measured_metric / measured_value (tokens/s/GPU: global batch x sequence / (value x GPUs)), and
+    a TFLOP/s figure, whose FLOP convention is the source's, is a row error naming the metric."""
+    row = dict(_good_row())
+    gb, seq, n = int(row["global_batch"]), int(row["seq_len"]), int(row["num_gpus"])
+    by_tokens = {**row, "measured_metric": "tokens_per_sec_per_gpu", "measured_value": str(gb * seq / (2.5 * n))}
+    by_tflops = {**row, "measured_metric": "tflops_per_gpu", "measured_value": "150"}
+    cols = [c for c in row if c not in ("scored", "step_time_s", "step_time_derivation")]
+    f = _write_csv(tmp_path / "derived.csv", [by_tokens, by_tflops], cols)
+    out_json = tmp_path / "v.json"
+    rc, _, _ = run_cli(capsys, ["validate", f, "--json", out_json])
+    rows = json.loads(out_json.read_text())["rows"]
+    assert rc == 0 and len(rows) == 2
+    assert rows[0]["published_step_time_s"] == pytest.approx(2.5) and rows[0]["predicted_step_time_s"] > 0
+    assert rows[1]["error"] and "tflops_per_gpu" in rows[1]["error"] and "step_time_s" in rows[1]["error"]
+
+
+def test_validate_csv_without_any_step_time_column(capsys, tmp_path):
+    row = _good_row()
+    cols = [c for c in row if c not in ("step_time_s", "measured_value")]
+    f = _write_csv(tmp_path / "notime.csv", [row], cols)
+    rc, _, err = run_cli(capsys, ["validate", f])
+    line = assert_one_line_error(rc, err, "notime.csv", "step_time_s", "measured_value")
+    assert "missing column" in line
+
+
 def test_validate_missing_csv_file(capsys, tmp_path):
     rc, _, err = run_cli(capsys, ["validate", tmp_path / "nowhere.csv"])
     assert_one_line_error(rc, err, "nowhere.csv")

@@ -14,7 +14,7 @@ import pytest
 
 from costmodel import trust
 from costmodel.catalog import get_model
-from costmodel.estimate import estimate, estimate_arrays
+from costmodel.estimate import estimate_arrays
 from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import load_cluster
 from planner.cli import main

@@ -344,7 +344,7 @@ _GPU_NOISE = frozenset({"nvidia", "tesla", "gpu", "tensor", "core", "sxm", "sxm2
 
 def _gpu_words(name: str) -> tuple[frozenset, float | None]:
     """A GPU spelling as (its identifying words, the memory size it states in GB or None)."""
-    text = re.sub(r"(\d+)\s*(gb|gib)\b", r"\1gb", name.lower())
+    text = re.sub(r"(\d+)\s*(gb|gib|g)\b", r"\1gb", name.lower())
     words = frozenset(w for w in re.split(r"[^a-z0-9]+", text) if w and w not in _GPU_NOISE)
     mem = [float(w[:-2]) for w in words if re.fullmatch(r"\d+gb", w)]
     return words, (mem[0] if mem else None)

@@ -162,7 +162,7 @@ def test_alias_resolves_to(alias, name):
 @pytest.mark.parametrize("spelling, name", [
     ("NVIDIA H100 SXM5 80GB", "H100"), ("H100 80GB HBM3", "H100"), ("HGX H100", "H100"),
     ("A100 80GB SXM4", "A100-80GB"), ("NVIDIA A100 40GB", "A100-40GB"), ("Tesla V100 SXM2 16GB", "V100-16GB"),
-    ("B200 192GB", "B200"), ("H200 141GB HBM3e", "H200")])
+    ("B200 192GB", "B200"), ("H200 141GB HBM3e", "H200"), ("A100-80G", "A100-80GB"), ("A100 40G", "A100-40GB")])
 def test_spelling_with_the_same_identifying_words_resolves(spelling, name):
     """Vendor, module and memory-technology words do not matter; a stated memory size must be the profile's."""
     assert load_profile(spelling).name == name

@@ -371,14 +371,15 @@ def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile
     if p.suffix in (".yaml", ".yml") and p.exists():
         return _load_profile_file(p.resolve())
     want = _norm(name_or_path)
-    profiles = [_load_profile_file(path) for path in profile_paths(root)]
+    paths = profile_paths(root)
+    profiles = [_load_profile_file(path) for path in paths]
     for prof in profiles:
         if want in {_norm(prof.name), *(_norm(a) for a in prof.aliases)}:
             return prof
     hits = _match_by_words(name_or_path, profiles)
     if len(hits) == 1:
         return hits[0]
-    names = [path.stem for path in profile_paths(root)]
+    names = [path.stem for path in paths]
     if hits:
         raise InputError(f"ambiguous GPU type {name_or_path!r}: it could be {', '.join(h.name for h in hits)}; "
                          f"name one of them")

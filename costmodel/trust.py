@@ -152,25 +152,23 @@ def fit_intervals(residuals: np.ndarray, paths: list[tuple[str, ...]], support: 
     fitted without its fold (a thin-support plan is one unlike the runs the intervals were fitted on, so
     its interval must hold on rows the quantiles did not see); without, in-sample. ``width_factor`` widens
     every interval about P50; ``thin_factor`` sets the thin-support factor instead of measuring it (the script
-    chooses both by nested quantile loss); a thin-support plan gets the larger of the two factors."""
+    chooses both by nested coverage); a thin-support plan gets the larger of the two factors."""
     res, sup = np.asarray(residuals, float), np.asarray(support)
     classes = class_quantiles(res, paths, prior_rows)
-    if thin_factor is not None:
-        return {"levels": list(LEVELS), "prior_rows": prior_rows, "thin_support": THIN_SUPPORT,
-                "width_factor": width_factor, "thin_width_factor": thin_factor, "classes": classes}
-    if folds is None:
-        qs = [lookup(classes, p)[1] for p in paths]
-    else:
-        fold = np.array(folds)
-        qs = [None] * len(res)
-        for f in sorted(set(folds)):
-            train = np.flatnonzero(fold != f)
-            other = class_quantiles(res[train], [paths[i] for i in train], prior_rows) if len(train) else classes
-            for i in np.flatnonzero(fold == f):
-                qs[i] = lookup(other, paths[i])[1]
-    factor = thin_width_factor(res, qs, sup < THIN_SUPPORT)
+    if thin_factor is None:
+        if folds is None:
+            qs = [lookup(classes, p)[1] for p in paths]
+        else:
+            fold = np.array(folds)
+            qs = [None] * len(res)
+            for f in sorted(set(folds)):
+                train = np.flatnonzero(fold != f)
+                other = class_quantiles(res[train], [paths[i] for i in train], prior_rows) if len(train) else classes
+                for i in np.flatnonzero(fold == f):
+                    qs[i] = lookup(other, paths[i])[1]
+        thin_factor = thin_width_factor(res, qs, sup < THIN_SUPPORT)
     return {"levels": list(LEVELS), "prior_rows": prior_rows, "thin_support": THIN_SUPPORT,
-            "width_factor": width_factor, "thin_width_factor": factor, "classes": classes}
+            "width_factor": width_factor, "thin_width_factor": thin_factor, "classes": classes}
 
 
 def width_factors(fit: dict) -> tuple[float, float]:

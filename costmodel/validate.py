@@ -288,8 +288,9 @@ _OPTIONAL_INTS = ("ffn_hidden", "kv_heads", "vocab", "moe_topk", "gpus_per_node"
                   "micro_batch")
 
 
-def _check_numbers(row: dict) -> None:
-    """A ValueError naming the column for a number a row gets wrong: text, 0, a fraction, NaN, inf."""
+def _check_numbers(row: dict) -> float:
+    """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
+    fraction, NaN, inf."""
     for col in _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",):
         raw = (row.get(col) or "").strip()
         if _num(raw) is None:
@@ -304,6 +305,7 @@ def _check_numbers(row: dict) -> None:
     t = _num(raw) if raw else published_step_time(row)
     if t is None or not math.isfinite(t) or t <= 0:
         raise ValueError(f"column 'step_time_s': expected a step time in seconds > 0, got {raw!r}")
+    return t
 
 
 def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
@@ -339,13 +341,12 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             continue
         assumed: list[str] = []
         try:
-            _check_numbers(row)
+            published = _check_numbers(row)
             framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
-            published = published_step_time(row)
         except ValidationError as exc:
             e = exc.errors()[0]
             loc = ".".join(str(x) for x in e["loc"]) or "(row)"

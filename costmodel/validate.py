@@ -21,7 +21,7 @@ from costmodel.catalog import catalog
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
-from costmodel.specs import INT64_MAX, ClusterSpec, InterNodeFabric, ModelSpec
+from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch")
@@ -104,14 +104,44 @@ def framework_of(row: dict, assumed: list[str]) -> str:
     megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column (the schema of
     data/validation/published_runs.csv before it had one), gets the framework its notes name
     (:func:`framework_from_notes`), and the row says so."""
-    fw = (row.get("framework") or "").strip().lower()
+    raw = (row.get("framework") or "").strip()
+    fw = raw.lower()
     if fw == "":
         fw = framework_from_notes(row)
         assumed.append(f"framework={fw} (from the row's notes and source)")
         return fw
-    if fw not in FRAMEWORK:
-        raise ValueError(f"column 'framework': expected one of {', '.join(FRAMEWORK)}, got {fw!r}")
-    return fw
+    if fw in FRAMEWORK:
+        return fw
+    named = framework_named(fw, row)
+    if named is None:
+        assumed.append(f"framework=other ({raw!r} is none of {', '.join(FRAMEWORK)}: modelled as a stack "
+                       f"without Megatron's overlaps)")
+        return "other"
+    assumed.append(f"framework={named} (from {raw!r})")
+    return named
+
+
+def framework_named(text: str, row: dict) -> str | None:
+    """The FRAMEWORK key a framework column spelled another way names (NeMo 2.0, Megatron-Bridge, mcore,
+    Megatron-LM v0.9 -> megatron-core; DeepSpeed, Megatron-DeepSpeed, torchtitan, MaxText -> other; Pax ->
+    paxml); None if it names none. A bare Megatron-LM takes the generation the row's notes and source name
+    (the 2020 README tables, the 2021 papers) and megatron-core otherwise."""
+    t = re.sub(r"[\s_]+", "-", text.lower())
+    if "paxml" in t or re.search(r"(^|\W)pax(\W|$)", t):
+        return "paxml"
+    if "deepspeed" in t or re.search(_OTHER_STACKS, text.lower()):
+        return "other"
+    if re.search(r"megatron|nemo|mcore|bridge", t):
+        year = re.search(r"(?<!\d)(20[12]\d)(?!\d)", t)
+        if year and year.group(1) == "2020":
+            return "megatron-lm-2020"
+        if year and year.group(1) in ("2021", "2022"):
+            return "megatron-lm-2021"
+        if "megatron-lm" in t and not re.search(r"\d", t):
+            notes = framework_from_notes(row)
+            return notes if notes.startswith("megatron") else "megatron-core"
+        return "megatron-core"
+    return None
 
 
 def framework_from_notes(row: dict) -> str:
@@ -192,12 +222,31 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
             spec["mtp_layers"] = 0
         elif "mtp" not in lname:
             assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
-    precision = (row.get("precision") or "").strip()
-    if not precision:
-        precision = "bf16"
-        assumed.append("precision=bf16")
-    spec["precision"] = precision
+    spec["precision"] = precision_of(row.get("precision") or "", assumed)
     return ModelSpec.model_validate(spec)
+
+
+def precision_of(raw: str, assumed: list[str]) -> str:
+    """The training precision a precision column names, however spelled: 'FP8 (delayed scaling)', 'FP8-hybrid',
+    'fp8_e4m3', 'fp8-blockwise' -> fp8; 'MXFP8', 'fp8-mx' -> mxfp8; 'bf16 mixed', 'bfloat16' -> bf16; 'AMP fp16',
+    'float16' -> fp16; a spelling ModelSpec knows is kept (lower-cased). The GEMMs' format decides (fp8 with bf16
+    master weights is fp8). Blank: bf16, said in ``assumed``. Anything else stays as given, and ModelSpec
+    says what is valid."""
+    text = raw.strip()
+    key = text.lower()
+    if not key:
+        assumed.append("precision=bf16")
+        return "bf16"
+    if key in PRECISION_ALIASES:
+        return key
+    t = re.sub(r"[\s_]+", "-", key)
+    for pattern, name in ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"),
+                          (r"fp8|float8|e4m3|e5m2", "fp8"), (r"bf16|bfloat16", "bf16"),
+                          (r"fp16|float16|half|(?<![a-z])amp(?![a-z])", "fp16")):
+        if re.search(pattern, t):
+            assumed.append(f"precision={name} (from {text!r})")
+            return name
+    return text
 
 
 def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
@@ -235,23 +284,24 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
             mbs = 1
             assumed.append("micro_batch=1 (Megatron default)")
     sp_raw = (row.get("sp") or "").strip().lower()
-    if sp_raw in ("true", "false"):
-        sp = sp_raw == "true"
+    if sp_raw in _YES + _NO:
+        sp = sp_raw in _YES
     else:
         sp = framework == "megatron-core" and tp > 1
         assumed.append(f"sequence_parallel={sp}")
-    rc_raw = (row.get("recompute") or "").strip().lower()
+    rc_raw = recompute_named((row.get("recompute") or "").strip().lower())
     known = rc_raw in ("none", "selective", "full")
     recompute = rc_raw if known else ("full" if framework == "megatron-lm-2020" else "none")
     if framework == "megatron-lm-2020" and not known:
         known = True
         assumed.append("recompute=full (Megatron-LM 2020 examples checkpoint activations)")
-    z = (row.get("zero_stage_or_distopt") or "").lower()
-    fsdp = "fsdp" in z and "fsdp=0" not in z
-    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z)
+    z = (row.get("zero_stage_or_distopt") or "").strip().lower()
+    fsdp = ("fsdp" in z and "fsdp=0" not in z) or "hsdp" in z or "hybrid shard" in z or "hybrid_shard" in z
+    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z)
     zstage = int(zm.group(1)) if zm else None
     fsdp = fsdp or zstage == 3
-    distopt = framework in ("megatron-core", "paxml") or bool(zstage)
+    distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
+        or "distopt" in z or "dist-opt" in z
     split = framework_split(model.layers, pp, vp)
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
@@ -260,6 +310,22 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         global_batch=gbs, recompute=recompute, distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
     return plan, known
+
+
+_YES = ("true", "yes", "y", "1", "on", "enabled")
+_NO = ("false", "no", "n", "0", "off", "disabled")
+
+
+def recompute_named(text: str) -> str:
+    """none / selective / full for the ways a recompute column says them ('yes', 'activation checkpointing',
+    'full (uniform, 1 layer)', 'selective (core attn)', 'off'); anything else (blank, 'unknown') unchanged."""
+    if text in _NO or text == "none":
+        return "none"
+    if "selective" in text or "core attn" in text or "core_attn" in text:
+        return "selective"
+    if text in _YES or re.search(r"full|checkpoint|uniform|block|recompute", text):
+        return "full"
+    return text
 
 
 def framework_split(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
@@ -337,7 +403,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
         except csv.Error as exc:
             raise InputError(f"{p}: line {reader.line_num}: malformed CSV ({exc})") from None
         i += 1
-        if "scored" in cols and (row.get("scored") or "").strip().lower() != "true":
+        if "scored" in cols and (row.get("scored") or "").strip().lower() not in _YES:
             continue
         assumed: list[str] = []
         try:

@@ -110,8 +110,23 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
         "framework=megatron-lm-2021 (from the row's notes and source)"]
     assert framework_of({"notes": "torchtitan FSDP2, 8 nodes", "source_id": "X"}, []) == "other"
     assert framework_of({"notes": "NeMo 24.07 with DeepSpeed-style ZeRO", "source_id": "X"}, []) == "megatron-core"
-    with pytest.raises(ValueError, match="column 'framework': expected one of megatron-core, .*got 'jax'"):
-        framework_of({"framework": "JAX"}, [])
+    # Other spellings of a known stack are read as it; a stack the model does not know is modelled as "other"
+    # (no Megatron overlaps), and the row says so.
+    spelled = {"NeMo 2.0": "megatron-core", "Megatron-Bridge": "megatron-core", "mcore": "megatron-core",
+               "Megatron Core": "megatron-core", "Megatron-LM v0.9": "megatron-core", "DeepSpeed": "other",
+               "Megatron-DeepSpeed": "other", "torchtitan": "other", "MaxText": "other", "Pax": "paxml",
+               "JAX/Paxml": "paxml", "Megatron-LM (2020)": "megatron-lm-2020", "megatron-lm 2021": "megatron-lm-2021"}
+    for text, key in spelled.items():
+        said: list[str] = []
+        assert (framework_of({"framework": text, "source_id": "X"}, said), said) == (
+            key, [f"framework={key} (from {text!r})"]), text
+    # A bare "Megatron-LM" takes the generation the notes name.
+    assert framework_of({**rows[0], "framework": "Megatron-LM"}, []) == "megatron-lm-2021"
+    assert framework_of({"framework": "Megatron-LM", "source_id": "X", "notes": "mcore 0.12"}, []) == "megatron-core"
+    said = []
+    assert framework_of({"framework": "JAX"}, said) == "other" and said == [
+        "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other: "
+        "modelled as a stack without Megatron's overlaps)"]
     # A copy of the data without the column predicts every row the same.
     head = [c for c in rows[0] if c != "framework"]
     path = tmp_path / "no_framework.csv"
@@ -144,3 +159,45 @@ def test_cross_validate_predicts_every_row_of_each_held_out_source_once(tmp_path
     assert sorted(r["row"] for r in held) == sorted({r["row"] for r in held}) and len(held) == len(scored)
     assert all(r["source_id"] == f["left_out"] for f in folds for r in held if r["fold"] == f["left_out"])
     assert 0 < cv["summary"]["overall"]["mape"] < 30
+
+
+def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
+    """Precision, recompute, sequence-parallel, sharding and scored columns written the ways papers write them
+    give the plan the schema's own spellings give; an unreadable recompute stays unknown (least that fits)."""
+    import csv
+
+    from costmodel.validate import precision_of, recompute_named
+
+    for text, want in {"FP8 (delayed scaling)": "fp8", "FP8-hybrid": "fp8", "fp8_e4m3": "fp8",
+                       "fp8-blockwise": "fp8", "FP8 current scaling": "fp8", "fp8-mx": "mxfp8",
+                       "bf16 mixed": "bf16", "bfloat16": "bf16", "AMP fp16": "fp16", "float16": "fp16",
+                       "NV-FP4": "nvfp4", "fp4": "nvfp4"}.items():
+        said: list[str] = []
+        assert precision_of(text, said) == want and said == [f"precision={want} (from {text.strip()!r})"], text
+    said = []
+    assert precision_of("fp8-cs", said) == "fp8-cs" and precision_of(" MXFP8", said) == "mxfp8" and said == []
+    assert precision_of("tf32", said) == "tf32"                          # left for ModelSpec to refuse
+    for text, want in {"yes": "full", "true": "full", "activation checkpointing": "full", "full (uniform, 1 layer)":
+                       "full", "block": "full", "selective (core attn)": "selective", "Selective".lower(): "selective",
+                       "no": "none", "off": "none", "false": "none", "unknown": "unknown", "": ""}.items():
+        assert recompute_named(text) == want, text
+
+    rows = [r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["framework"] == "megatron-core"
+            and int(r["tp"]) > 1 and r["precision"] == "bf16"][:1]
+    assert rows
+    base = {**rows[0], "recompute": "full", "sp": "true"}
+    variants = [dict(base), {**base, "precision": "BFloat16 mixed", "recompute": "activation checkpointing",
+                             "sp": "yes", "scored": "1", "framework": "NeMo 2.0"}]
+    off = {**base, "sp": "0", "scored": "YES"}
+    sharded = [{**base, "zero_stage_or_distopt": z, "pp": "1"} for z in ("HSDP", "ZeRO-3 (FSDP)", "3")]
+    path = tmp_path / "spelled.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(base))
+        w.writeheader()
+        w.writerows(variants + [off] + sharded + [{**base, "scored": "no"}])
+    cases, errors = load_cases(path)
+    assert errors == [] and len(cases) == 6                              # "no" is not scored
+    a, b, c = cases[0].plan, cases[1].plan, cases[2].plan
+    assert b == a and cases[1].model.precision == cases[0].model.precision == "bf16"
+    assert a.sequence_parallel and not c.sequence_parallel and c.recompute == a.recompute == "full"
+    assert [x.plan.zero_stage for x in cases[3:]] == [3, 3, 3]

@@ -471,8 +471,17 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     fits = out["fits"]
-    idx = int(np.argmax(fits)) if fits.any() else len(base) - 1
     assumed = list(case.assumed)
+    if not fits.any():
+        # The run ran, so what it must fit is the GPU's memory, not the planner's usable share of it
+        # (HardwareProfile.usable_memory_fraction, a margin for plans not yet run).
+        peaks = np.nan_to_num(np.asarray(out["peak_memory_bytes"], dtype=float).reshape(len(plans), -1),
+                              nan=-np.inf).max(axis=1)
+        fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value)
+        if fits.any():
+            assumed.append(f"peak memory {peaks[int(np.argmax(fits))] / 1e9:.1f} GB is above the planner's usable "
+                           f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
+    idx = int(np.argmax(fits)) if fits.any() else len(base) - 1
     if not case.recompute_known:
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (least that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:

@@ -265,10 +265,17 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     tp, pp = _int(row["tp"]), _int(row["pp"])
     cp = _int(row.get("cp", "")) or 1
     num_gpus = _int(row["num_gpus"])
-    dp = _int(row.get("dp", "")) or data_parallel(num_gpus, tp, pp, cp)
+    dp = data_parallel(num_gpus, tp, pp, cp)
+    given = _int(row.get("dp", ""))
+    if given and given != dp and dp * tp * pp * cp == num_gpus:
+        # The GPUs fill tp x pp x cp x dp; a published dp that does not multiply out (counted without cp, or
+        # with the experts' data parallelism) gives way to the GPU count.
+        assumed.append(f"dp={dp} (num_gpus / (tp x pp x cp); the row's dp={given} does not multiply out)")
+    elif given:
+        dp = given
     gbs = _int(row["global_batch"])
     vp = _int(row.get("vp", ""))
-    if vp is None:
+    if not vp:
         vp = 1
         if pp > 1:
             assumed.append("vpp=1 (not published)")
@@ -276,7 +283,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         vp = 1
     ep = _int(row.get("ep", "")) or 1
     mbs = _int(row.get("micro_batch", ""))
-    if mbs is None:
+    if not mbs:
         if framework == "megatron-lm-2020":
             mbs = max(1, gbs // dp)
             assumed.append(f"micro_batch={mbs} (whole per-rank batch, no pipeline)")
@@ -364,7 +371,7 @@ def _check_numbers(row: dict) -> float:
                 raise ValueError(f"column '{col}': expected a positive integer, got {raw!r}")
             continue
         x = _num(raw)
-        low = 0 if col == "moe_experts" else 1
+        low = 0 if col == "moe_experts" or col in _OPTIONAL_INTS else 1   # an optional 0: not used / unset
         if not math.isfinite(x) or x != int(x) or not low <= x <= INT64_MAX:
             raise ValueError(f"column '{col}': expected an integer >= {low}, got {raw!r}")
     raw = (row.get("step_time_s") or "").strip()

@@ -220,3 +220,26 @@ def test_a_published_run_over_the_usable_margin_but_within_the_gpu_fits():
     # Beyond the GPU's memory it does not fit.
     r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 4096})))
     assert not r["fits"] and r["predicted_peak_memory_bytes"] > cap
+
+
+def test_a_dp_that_does_not_multiply_out_gives_way_to_the_gpu_count_and_an_optional_zero_is_unset(tmp_path):
+    import csv
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["cp"] == "2"
+                and r["dp"] and int(r["vp"] or 1) > 1 and r["micro_batch"])
+    n, tp, pp, cp = (int(base[k]) for k in ("num_gpus", "tp", "pp", "cp"))
+    assert int(base["dp"]) * tp * pp * cp == n
+    rows = [base, {**base, "dp": str(n // (tp * pp))},                  # dp counted without cp
+            {**base, "vp": "0", "cp": "0", "micro_batch": "0", "kv_heads": "0"}, {**base, "vp": "", "cp": "1"}]
+    path = tmp_path / "dp.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(base))
+        w.writeheader()
+        w.writerows(rows)
+    cases, errors = load_cases(path)
+    assert errors == [] and len(cases) == 4
+    assert cases[1].plan == cases[0].plan and f"dp={base['dp']} (num_gpus / (tp x pp x cp); the row's " \
+        f"dp={n // (tp * pp)} does not multiply out)" in cases[1].assumed
+    zero, blank = cases[2].plan, cases[3].plan
+    assert (zero.vpp, zero.cp, zero.micro_batch) == (1, 1, 1) and zero.dp == blank.dp == n // (tp * pp)
+    assert zero.model_copy(update={"micro_batch": blank.micro_batch}) == blank

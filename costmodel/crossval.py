@@ -107,7 +107,8 @@ def _stats(errs: list[float]) -> dict:
     return {"count": len(errs), "mape": round(float(e.mean()), 2), "median_ape": round(float(np.median(e)), 2)}
 
 
-def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | None = None) -> dict:
+def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | None = None,
+                           other_models_weight: float | None = None) -> dict:
     """One-run calibration scored on published runs (``costmodel.validate.Case`` rows).
 
     same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
@@ -115,6 +116,7 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     other_models: in every (source, GPU) group with two or more models, each model's first row in turn
     calibrates the base profile, which predicts the rows of the group's other models.
     Each figure comes with the same rows' error before calibration, and per-group details.
+    ``other_models_weight`` replaces the calibrated profiles' Calibration.other_models_weight (None: as fitted).
     """
     profiles = profiles or {}
     base_cache: dict[str, HardwareProfile] = {}
@@ -139,6 +141,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
             prof = base(anchor.gpu_type)
             cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: prof}), prof,
                                  fitted_by=f"one-run calibration on row {anchor.row}")
+            if other_models_weight is not None:
+                cal = cal.model_copy(update={"other_models_weight": other_models_weight})
             fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
         return fitted[anchor.row]
 

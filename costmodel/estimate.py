@@ -162,6 +162,7 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     switches (``fw``), the GEMM dtype, activation bytes, per-rank tokens, micro-batches ``m`` and where each
     parallel group sits on the fabric (``*_k`` / ``*_N``: comm.group_span)."""
     fw = FRAMEWORK[framework]
+    prof = prof.for_model(model)   # a profile calibrated on other models keeps only part of that update
     if prof.kind == "host":
         # CPU processes on gloo: collectives run synchronously on the calling thread (no side streams), so
         # no TP, pipeline or data-parallel communication overlaps compute.

@@ -102,6 +102,15 @@ class Calibration(FrozenSpec):
     kernel launches and Python. Fitted only from executor measurements (``plan calibrate``); 0 otherwise."""
     fitted_by: str = "defaults (not fitted)"
     """Script and data that produced these factors."""
+    measured_models: tuple[str, ...] = ()
+    """Architectures (costmodel.specs.ModelSpec.architecture_key) of the runs ``plan calibrate`` fitted these
+    factors to; empty for a shipped profile. A model among them gets the factors as they are; any other model
+    gets them moved only ``other_models_weight`` of the way from ``uncalibrated`` (HardwareProfile.for_model)."""
+    uncalibrated: dict[str, float] = {}
+    """The values ``plan calibrate`` moved, as they were before it."""
+    other_models_weight: float = Field(default=1.0, ge=0, le=1)
+    """Share of the calibration update (in log space) that carries to a model that was not measured: 1 all of
+    it, 0 none (costmodel/recalibrate.py OTHER_MODELS_WEIGHT, chosen by cross-validation)."""
 
 
 class HardwareProfile(FrozenSpec):
@@ -161,6 +170,21 @@ class HardwareProfile(FrozenSpec):
     """How collectives without a measured curve are filled (text for the reader)."""
     calibration: Calibration = Calibration()
     """Fitted efficiency factors."""
+
+    def for_model(self, model) -> HardwareProfile:
+        """The profile as it predicts ``model`` (a ModelSpec): unchanged, unless its calibration was measured on
+        other architectures (Calibration.measured_models), where each moved factor goes back towards its
+        uncalibrated value, keeping ``other_models_weight`` of the update in log space (linearly for a
+        factor that was 0). The copy keeps no measured_models, so it is not moved twice."""
+        cal = self.calibration
+        if not cal.measured_models or cal.other_models_weight >= 1.0 or model.architecture_key() in cal.measured_models:
+            return self
+        w = cal.other_models_weight
+        upd: dict = {"measured_models": (), "uncalibrated": {}}
+        for name, before in cal.uncalibrated.items():
+            now = getattr(cal, name)
+            upd[name] = (before ** (1.0 - w) * now ** w) if before > 0 and now > 0 else before + w * (now - before)
+        return self.model_copy(update={"calibration": cal.model_copy(update=upd)})
 
     @model_validator(mode="after")
     def _sources_resolve(self) -> HardwareProfile:

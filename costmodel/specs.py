@@ -301,6 +301,18 @@ class ModelSpec(FrozenSpec):
     def expert_ffn(self) -> int:
         return self.moe_ffn_hidden or self.ffn_hidden
 
+    def architecture_key(self) -> str:
+        """The network's shape, the same for one model at any sequence length, precision or name, and with its
+        vocabulary padded for any tp (Megatron pads it to a multiple of 128 x tp, so a log's differs from the
+        catalog's): what a calibrated profile remembers of the models it was measured on
+        (Calibration.measured_models)."""
+        key = f"L{self.layers} h{self.hidden} ffn{self.ffn_hidden} a{self.heads}/{self.kv_head_count}"
+        if self.is_moe:
+            key += f" moe{self.num_experts}x{self.expert_ffn} top{self.moe_topk} shared{self.shared_experts}"
+        if self.mla_kv_lora_rank:
+            key += f" mla{self.mla_kv_lora_rank}"
+        return key
+
 
 class InterNodeFabric(FrozenSpec):
     """The scale-out network between NVLink domains."""

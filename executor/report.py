@@ -25,6 +25,11 @@ def calibration_table(report: dict, console) -> None:
     console.print((f"{report['scheme']}: " if report.get("scheme") else "fitted ") + values)
     console.print(f"step-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
                   + (f"; written to {report['out']}" if report.get("out") else ""))
+    if report.get("measured_models") and report.get("other_models_weight", 1.0) < 1.0:
+        n = len(report["measured_models"])
+        console.print(f"the update applies in full to the measured architecture{'s' if n > 1 else ''} ({n}); other "
+                      f"models get {report['other_models_weight']:.0%} of it (other_models_weight in the YAML; "
+                      f"1 carries all of it)")
     for note in report.get("inputs", []):
         if note.get("other_gpu_rows"):
             console.print(f"{note['path']}: {note['other_gpu_rows']} scored row(s) on other GPU types left out")

@@ -1,0 +1,83 @@
+"""Choose how much of a one-run calibration carries to other models (costmodel/recalibrate.py
+OTHER_MODELS_WEIGHT).
+
+For each source of the published runs: fit the profiles without it (as ``plan validate --cross-validate``
+does), then in each (source, GPU) group with two or more models calibrate on each model's first run and
+predict the group's runs of other architectures, with the calibrated profile's ``other_models_weight`` set to
+each candidate. Prints MAPE and median over all pairs and averaged per source. About 3 minutes on 2 cores.
+
+    python scripts/choose_other_models_weight.py [data/validation/published_runs.csv] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from costmodel.crossval import held_out  # noqa: E402
+from costmodel.recalibrate import recalibrate  # noqa: E402
+from costmodel.validate import abs_percent_error, fit_profiles, load_cases, measurements_for, predict_case  # noqa: E402
+
+WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "validation" / "published_runs.csv"
+
+
+def fold(args: tuple[str, str]) -> tuple[str, dict[float, list[float]]]:
+    path, source = args
+    cases, _ = load_cases(path)
+    profiles, _ = fit_profiles(cases, fitted_by=f"without {source}", exclude=lambda c: held_out(c, "source", source))
+    errors: dict[float, list[float]] = {w: [] for w in WEIGHTS}
+    by_gpu: dict[str, list] = {}
+    for c in cases:
+        if c.source_id == source:
+            by_gpu.setdefault(c.gpu_type, []).append(c)
+    for rows in by_gpu.values():
+        firsts = {}
+        for c in rows:
+            firsts.setdefault(c.model.name, c)
+        if len(firsts) < 2:
+            continue
+        base = profiles[rows[0].cluster.gpu]
+        for name, anchor in firsts.items():
+            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: base}), base, fitted_by="one run")
+            for w in WEIGHTS:
+                prof = base.model_copy(update={"calibration": cal.model_copy(update={"other_models_weight": w})})
+                for t in rows:
+                    if t.model.name != name:
+                        errors[w].append(abs_percent_error(predict_case(t, prof)["predicted_step_time_s"],
+                                                           t.published_step_time_s))
+    return source, errors
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
+    ap.add_argument("--json", help="write the per-source errors to this file")
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args()
+    cases, _ = load_cases(args.csv)
+    sources = sorted({c.source_id for c in cases})
+    per_source: dict[str, dict[float, list[float]]] = {}
+    with ProcessPoolExecutor(args.workers) as pool:
+        for source, errors in pool.map(fold, [(args.csv, s) for s in sources]):
+            per_source[source] = errors
+            print(f"{source}: {len(errors[WEIGHTS[0]])} pairs", file=sys.stderr, flush=True)
+    print(f"{'weight':>6} {'pairs':>6} {'MAPE %':>7} {'median %':>9} {'per-source MAPE %':>18}")
+    for w in WEIGHTS:
+        every = [x for e in per_source.values() for x in e[w]]
+        by_src = [float(np.mean(e[w])) for e in per_source.values() if e[w]]
+        print(f"{w:>6} {len(every):>6} {np.mean(every):>7.2f} {np.median(every):>9.2f} {np.mean(by_src):>18.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({s: {str(w): v for w, v in e.items()} for s, e in per_source.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

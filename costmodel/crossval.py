@@ -113,6 +113,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
 
     same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
     (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
+    same_release: the same inside each software release of a source (source, release, GPU, model): one stack,
+    as a user's cluster runs it (rows whose release is unsaid form their source's own group).
     other_models: in every (source, GPU) group with two or more models, each model's first row in turn
     calibrates the base profile, which predicts the rows of the group's other models.
     Each figure comes with the same rows' error before calibration, and per-group details.
@@ -158,15 +160,24 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         before = [abs_percent_error(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
         return after, before
 
-    same_after, same_before, same_groups = [], [], []
-    for (src, gpu, model), rows in by_model.items():
-        if len(rows) < 2:
-            continue
-        after, before = score([(rows[0], t) for t in rows[1:]])
-        same_after += after
-        same_before += before
-        same_groups.append({"source_id": src, "gpu_type": gpu, "model": model, "anchor_row": rows[0].row,
-                            "after": _stats(after), "before": _stats(before)})
+    by_release: dict[tuple, list] = {}
+    for c in cases:
+        by_release.setdefault((c.source_id, c.release, c.gpu_type, c.model.name), []).append(c)
+
+    def same(groups: dict) -> tuple[list[float], list[float], list[dict]]:
+        all_after, all_before, out = [], [], []
+        for key, rows in groups.items():
+            if len(rows) < 2:
+                continue
+            after, before = score([(rows[0], t) for t in rows[1:]])
+            all_after += after
+            all_before += before
+            out.append({"source_id": key[0], **({"release": key[1]} if len(key) == 4 else {}), "gpu_type": key[-2],
+                        "model": key[-1], "anchor_row": rows[0].row, "after": _stats(after), "before": _stats(before)})
+        return all_after, all_before, out
+
+    same_after, same_before, same_groups = same(by_model)
+    rel_after, rel_before, rel_groups = same(by_release)
     other_after, other_before, other_groups = [], [], []
     for (src, gpu), rows in by_stack.items():
         firsts = {}
@@ -184,6 +195,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     return {"scheme": SCHEME,
             "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
                            "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
+            "same_release": {**_stats(rel_after), "before": _stats(rel_before), "groups": rel_groups,
+                             "ape": [round(x, 3) for x in rel_after], "ape_before": [round(x, 3) for x in rel_before]},
             "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
                              "ape": [round(x, 3) for x in other_after],
                              "ape_before": [round(x, 3) for x in other_before]}}
@@ -196,7 +209,7 @@ def pool_one_run(results: list[dict]) -> dict:
     """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
     groups listed together, raw errors dropped."""
     out: dict = {"scheme": SCHEME}
-    for key in ("same_model", "other_models"):
+    for key in ("same_model", "same_release", "other_models"):
         after = [x for r in results for x in r[key]["ape"]]
         before = [x for r in results for x in r[key]["ape_before"]]
         out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}

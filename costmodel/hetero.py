@@ -254,7 +254,7 @@ def estimate_hetero(model: ModelSpec, cluster: ClusterSpec, plans: list[HeteroPl
     unknown = sorted({g for p in plans for g in p.stage_groups} - set(gcl))
     if unknown:
         raise ValueError(f"unknown device groups {unknown}; cluster {cluster.name} has {', '.join(gcl)}")
-    profs = {g: load_profile(c.gpu) for g, c in gcl.items()}
+    profs = {g: load_profile(c.gpu).for_model(model) for g, c in gcl.items()}
     frameworks = {p.framework for p in plans}
     rows = _group_rows(plans)
     outs: dict[tuple[str, str], dict] = {}

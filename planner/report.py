@@ -352,7 +352,10 @@ def one_run_table(one: dict):
         t.add_column(col, justify="left" if col in ("calibrate on", "predict") else "right")
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for key, on, what in (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
+                          ("same_release", "1st run of a (source, release, GPU, model)", "its other runs"),
                           ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs")):
+        if key not in one:
+            continue
         r = one[key]
         t.add_row(on, what, str(r["count"]), fmt(r["before"]["mape"]), fmt(r["before"]["median_ape"]),
                   fmt(r["mape"]), fmt(r["median_ape"]))

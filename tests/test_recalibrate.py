@@ -261,6 +261,15 @@ def test_one_run_cv_recovers_a_level_shift():
     assert r["other_models"]["count"] == len(pick)     # each model's first run predicts the other model's rows
     assert 12.5 < r["other_models"]["mape"] < 15.0
     assert {g["model"] for g in r["same_model"]["groups"]} == {"Llama3.1-8B", "Llama3.1-70B"}
+    # Per release: the 70B rows split over two releases make three groups, with one more anchor.
+    assert r["same_release"]["count"] == r["same_model"]["count"] and r["same_release"]["mape"] < 3.0
+    big = [i for i, c in enumerate(slow) if c.model.name == "Llama3.1-70B"]
+    assert len(big) >= 4
+    split = [dataclasses.replace(c, release="other") if i in big[-2:] else c for i, c in enumerate(slow)]
+    by_release = one_run_calibration_cv(split)["same_release"]
+    assert by_release["count"] == len(pick) - 3
+    assert sorted((g["release"], g["model"]) for g in by_release["groups"]) == sorted(
+        {(c.release, c.model.name) for c in split})
     whole = one_run_calibration_cv(slow, other_models_weight=1.0)
     assert whole["other_models"]["mape"] < 5.0 and whole["same_model"]["mape"] == r["same_model"]["mape"]
 

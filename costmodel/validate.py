@@ -391,6 +391,8 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
     reader = csv.DictReader(text.splitlines())
     try:
         cols = reader.fieldnames or []
+        # Header names as the schema spells them: surrounding spaces and capitals do not matter.
+        cols = reader.fieldnames = [c.strip().lower() if isinstance(c, str) else c for c in cols]
     except csv.Error as exc:
         raise InputError(f"{p}: malformed CSV header ({exc})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]

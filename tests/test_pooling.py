@@ -243,3 +243,12 @@ def test_a_dp_that_does_not_multiply_out_gives_way_to_the_gpu_count_and_an_optio
     zero, blank = cases[2].plan, cases[3].plan
     assert (zero.vpp, zero.cp, zero.micro_batch) == (1, 1, 1) and zero.dp == blank.dp == n // (tp * pp)
     assert zero.model_copy(update={"micro_batch": blank.micro_batch}) == blank
+
+
+def test_header_names_with_capitals_or_spaces_read_as_the_schema(tmp_path):
+    lines = DATA.read_text().splitlines()
+    head = ",".join(f" {c.upper()} " if c in ("source_id", "gpu_type", "tp") else c for c in lines[0].split(","))
+    path = tmp_path / "header.csv"
+    path.write_text("\n".join([head] + lines[1:40]) + "\n")
+    a, b = load_cases(path)[0], [c for c in load_cases(DATA)[0] if c.row < 39]
+    assert len(a) == len(b) > 10 and [(c.source_id, c.plan) for c in a] == [(c.source_id, c.plan) for c in b]

@@ -186,6 +186,18 @@ class HardwareProfile(FrozenSpec):
             upd[name] = (before ** (1.0 - w) * now ** w) if before > 0 and now > 0 else before + w * (now - before)
         return self.model_copy(update={"calibration": cal.model_copy(update=upd)})
 
+    def calibration_scope(self, model) -> str | None:
+        """One line on how a ``plan calibrate`` update applies to ``model`` (a ModelSpec); None for a profile
+        no plan calibrate fitted."""
+        cal = self.calibration
+        if not cal.measured_models:
+            return None
+        if cal.other_models_weight >= 1.0 or model.architecture_key() in cal.measured_models:
+            return f"profile {self.name} calibrated by {cal.fitted_by}: the update applies in full to {model.name}"
+        n = len(cal.measured_models)
+        return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''} "
+                f"({cal.fitted_by}): {model.name} gets {cal.other_models_weight:.0%} of that update")
+
     @model_validator(mode="after")
     def _sources_resolve(self) -> HardwareProfile:
         used = [self.memory_bytes.source, self.hbm_bandwidth_bytes_per_s.source,

@@ -180,11 +180,14 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
         _write_plan_dir(args.out, model, cluster, res.split_plan(0))
     how = "exhaustive" if args.exhaustive else f"optuna {getattr(res, 'sampler', '')}".strip()
     alt = best_supported(res) if res.any_fits else None
+    scope = _calibration_scope(cluster, model)
     if args.json:
         out = {"model": model.name, "cluster": cluster.name, "global_batch": gbs, "search": how,
                "rank_by": args.rank_by, "evaluated": res.evaluated, "plans": rows}
         if alt is not None:
             out["best_supported"] = alt
+        if scope is not None:
+            out["calibration"] = scope
         if getattr(res, "study_name", None):
             out["study_name"] = res.study_name
         if hasattr(res, "interrupted"):
@@ -202,6 +205,8 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
                                  f"{', ranked by P90' if args.rank_by == 'p90' else ''})"))
     if alt is not None:
         con.print(alt["message"])
+    if scope is not None:
+        con.print(scope, markup=False, highlight=False)
     if not res.any_fits:
         from planner.search import explain_no_fit
 
@@ -294,6 +299,16 @@ def _check_parser() -> _Parser:
     return ap
 
 
+def _calibration_scope(cluster, model) -> str | None:
+    """How a calibrated --profile applies to the model (HardwareProfile.calibration_scope); None for shipped
+    profiles and mixed clusters."""
+    if cluster.device_groups:
+        return None
+    from costmodel.profiles import load_profile
+
+    return load_profile(cluster.gpu).calibration_scope(model)
+
+
 def cmd_check(argv: list[str]) -> int:
     args = _check_parser().parse_args(argv)
     from costmodel.comm import group_links
@@ -315,9 +330,15 @@ def cmd_check(argv: list[str]) -> int:
             out["pipeline_layout"] = t.layout
         if load is not None:
             out["routing"] = {**t.routing.summary(), "load": load.summary()}
+        if (scope := _calibration_scope(t.cluster, t.model)) is not None:
+            out["calibration"] = scope
         print(json.dumps(out, indent=1))
         return 0 if est.fits else 1
     _print_check(t, est, links, findings, trust)
+    if (scope := _calibration_scope(t.cluster, t.model)) is not None:
+        from planner.terminal import console
+
+        console().print(scope, markup=False, highlight=False)
     return 0 if est.fits else 1
 
 

@@ -342,6 +342,11 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     rc2, mine, _ = run_cli(capsys, args + ["--profile", str(cal)])
     assert rc == rc2 == 0
     t0, t1 = (json.loads(x)["estimate"]["step_time_s"] for x in (shipped, mine))
+    assert "calibration" not in json.loads(shipped)
+    assert json.loads(mine)["calibration"].endswith("the update applies in full to 8b")
+    rc, other, _ = run_cli(capsys, ["check", "--model", "70b", "--cluster", "h100x512", "--tp", "8", "--pp", "4",
+                                    "--json", "--profile", str(cal)])
+    assert json.loads(other)["calibration"].endswith("70b gets 20% of that update")
     shift = rep["runs"][0]["after_s"] / rep["runs"][0]["before_s"]   # what calibration did to the logged run
     assert abs(shift - 1) > 0.02
     assert t1 / t0 == pytest.approx(shift, abs=0.5 * abs(shift - 1))   # ... it does to a similar layout

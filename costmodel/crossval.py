@@ -164,20 +164,23 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     for c in cases:
         by_release.setdefault((c.source_id, c.release, c.gpu_type, c.model.name), []).append(c)
 
-    def same(groups: dict) -> tuple[list[float], list[float], list[dict]]:
+    def same(groups: dict, by_release: bool) -> tuple[list[float], list[float], list[dict]]:
+        """Each group's first row calibrates, its other rows are scored."""
         all_after, all_before, out = [], [], []
-        for key, rows in groups.items():
+        for rows in groups.values():
             if len(rows) < 2:
                 continue
             after, before = score([(rows[0], t) for t in rows[1:]])
             all_after += after
             all_before += before
-            out.append({"source_id": key[0], **({"release": key[1]} if len(key) == 4 else {}), "gpu_type": key[-2],
-                        "model": key[-1], "anchor_row": rows[0].row, "after": _stats(after), "before": _stats(before)})
+            a = rows[0]
+            out.append({"source_id": a.source_id, **({"release": a.release} if by_release else {}),
+                        "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row,
+                        "after": _stats(after), "before": _stats(before)})
         return all_after, all_before, out
 
-    same_after, same_before, same_groups = same(by_model)
-    rel_after, rel_before, rel_groups = same(by_release)
+    same_after, same_before, same_groups = same(by_model, False)
+    rel_after, rel_before, rel_groups = same(by_release, True)
     other_after, other_before, other_groups = [], [], []
     for (src, gpu), rows in by_stack.items():
         firsts = {}

@@ -171,13 +171,20 @@ class HardwareProfile(FrozenSpec):
     calibration: Calibration = Calibration()
     """Fitted efficiency factors."""
 
+    def _update_in_full(self, model) -> bool:
+        """Whether ``model`` gets the calibration as it stands: a shipped profile, a weight of 1, or a model
+        among those plan calibrate measured."""
+        cal = self.calibration
+        return not cal.measured_models or cal.other_models_weight >= 1.0 or \
+            model.architecture_key() in cal.measured_models
+
     def for_model(self, model) -> HardwareProfile:
         """The profile as it predicts ``model`` (a ModelSpec): unchanged, unless its calibration was measured on
         other architectures (Calibration.measured_models), where each moved factor goes back towards its
         uncalibrated value, keeping ``other_models_weight`` of the update in log space (linearly for a
         factor that was 0). The copy keeps no measured_models, so it is not moved twice."""
         cal = self.calibration
-        if not cal.measured_models or cal.other_models_weight >= 1.0 or model.architecture_key() in cal.measured_models:
+        if self._update_in_full(model):
             return self
         w = cal.other_models_weight
         upd: dict = {"measured_models": (), "uncalibrated": {}}
@@ -192,7 +199,7 @@ class HardwareProfile(FrozenSpec):
         cal = self.calibration
         if not cal.measured_models:
             return None
-        if cal.other_models_weight >= 1.0 or model.architecture_key() in cal.measured_models:
+        if self._update_in_full(model):
             return f"profile {self.name} calibrated by {cal.fitted_by}: the update applies in full to {model.name}"
         n = len(cal.measured_models)
         return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''} "

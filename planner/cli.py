@@ -323,6 +323,7 @@ def cmd_check(argv: list[str]) -> int:
     findings = diagnose(t.model, t.cluster, plan, routing=t.routing,
                         placement=load.placement if load else "contiguous", load=load, est=est)
     trust = plan_trust(t.model, t.cluster, plan, est.step_time_s)
+    scope = _calibration_scope(t.cluster, t.model)
     if args.json:
         out = {"plan": plan.model_dump(), "estimate": est.model_dump(), "trust": trust, "groups": links,
                "findings": [f.model_dump() for f in findings]}
@@ -330,12 +331,12 @@ def cmd_check(argv: list[str]) -> int:
             out["pipeline_layout"] = t.layout
         if load is not None:
             out["routing"] = {**t.routing.summary(), "load": load.summary()}
-        if (scope := _calibration_scope(t.cluster, t.model)) is not None:
+        if scope is not None:
             out["calibration"] = scope
         print(json.dumps(out, indent=1))
         return 0 if est.fits else 1
     _print_check(t, est, links, findings, trust)
-    if (scope := _calibration_scope(t.cluster, t.model)) is not None:
+    if scope is not None:
         from planner.terminal import console
 
         console().print(scope, markup=False, highlight=False)

@@ -493,26 +493,36 @@ def _print_hetero(model, cluster, gbs: int, routing, res, plans: list, cmp: dict
 def cmd_validate(argv: list[str]) -> int:
     ap = _Parser(prog="plan validate",
                                  description="Predict every scored row of a published-runs CSV.")
-    ap.add_argument("csv", help="CSV with the columns of data/validation/published_runs.csv")
-    ap.add_argument("--json", metavar="OUT", help="write rows and summary as JSON to OUT")
+    ap.add_argument("csv", nargs="?", help="CSV with the columns of data/validation/published_runs.csv")
+    ap.add_argument("--json", metavar="OUT", nargs="?", const="-",
+                    help="write rows and summary as JSON to OUT; without OUT (or with -) print the JSON on "
+                         "stdout and the tables on stderr")
     ap.add_argument("--cross-validate", action="store_true",
                     help="also refit the profiles without each source, each software release and each GPU type "
                          "in turn and predict what was left out")
     _profile_arg(ap)
     args = ap.parse_args(argv)
+    if args.csv is None and args.json not in (None, "-") and args.json.lower().endswith(".csv") \
+            and Path(args.json).is_file():
+        args.csv, args.json = args.json, "-"    # `plan validate --json RUNS.csv`: the CSV, JSON on stdout
+    if args.csv is None:
+        ap.error("the following arguments are required: csv")
+    to_stdout = args.json == "-"
+    if args.json and not to_stdout and Path(args.json).resolve() == Path(args.csv).resolve():
+        raise InputError(f"--json {args.json}: that is the CSV being validated; give another file to write")
     from costmodel.validate import interval_coverage, validate
     from planner.report import validation_tables
     from planner.request import validate_profiles
     from planner.terminal import console
 
-    _check_file_target(args.json)
+    _check_file_target(None if to_stdout else args.json)
     override = validate_profiles(args.profile_file)
     result = validate(args.csv, profiles=override)
     if override and not any(r["gpu_type"] in override for r in result["rows"]):
         gpus = sorted({str(r["gpu_type"]) for r in result["rows"]})
         raise InputError(f"--profile {args.profile_file}: {args.csv} has no scored row on {', '.join(override)} "
                          f"(GPU types there: {', '.join(gpus) or 'none'})")
-    con = console()
+    con = console(stderr=to_stdout)
     for t in validation_tables(result["summary"]):
         con.print(t)
     for gpu, prof in (override or {}).items():
@@ -533,9 +543,12 @@ def cmd_validate(argv: list[str]) -> int:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
-        from costmodel.files import write_file_atomic
+        if to_stdout:
+            print(json.dumps(out, indent=1))
+        else:
+            from costmodel.files import write_file_atomic
 
-        write_file_atomic(args.json, json.dumps(out, indent=1))
+            write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
 
 

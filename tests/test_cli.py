@@ -184,6 +184,28 @@ def test_json_to_missing_directory_leaves_nothing(capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_validate_json_without_a_file_prints_json_on_stdout(capsys, tmp_path):
+    """`plan validate CSV --json` (no OUT, or -) prints the JSON on stdout, the tables on stderr; the same rows
+    as --json OUT. `plan validate --json CSV` reads the CSV, and an OUT that is the CSV itself is refused."""
+    f = _write_csv(tmp_path / "one.csv", [_good_row()], list(_good_row()))
+    out = tmp_path / "one.json"
+    rc, _, _ = run_cli(capsys, ["validate", f, "--json", out])
+    assert rc == 0
+    written = json.loads(out.read_text())
+    for argv in (["validate", f, "--json"], ["validate", f, "--json", "-"], ["validate", "--json", f]):
+        rc, stdout, stderr = run_cli(capsys, argv)
+        assert rc == 0, stderr
+        printed = json.loads(stdout)
+        assert printed["rows"] == written["rows"] and printed["rows"][0]["predicted_step_time_s"] > 0
+        assert "Step-time error by source" in stderr and "P10-P90" in stderr
+    before = (tmp_path / "one.csv").read_text()
+    rc, _, err = run_cli(capsys, ["validate", f, "--json", f])
+    assert_one_line_error(rc, err, "one.csv", "--json")
+    assert (tmp_path / "one.csv").read_text() == before
+    rc, _, err = run_cli(capsys, ["validate"])
+    assert_one_line_error(rc, err, "csv")
+
+
 # ---- plan validate on the published runs ----------------------------------------------------------
 
 @pytest.fixture(scope="module")

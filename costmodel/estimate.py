@@ -219,6 +219,17 @@ def _mlp_block(c: SimpleNamespace, ffn, tok, width_div):
     return _gemm(c, flops, mn), elems
 
 
+def _tp_exposed(t_tp, t_gemm_f, fw: dict, cal) -> tuple[np.ndarray, np.ndarray]:
+    """Exposed tensor-parallel communication of one layer's forward and backward (its collectives take
+    ``t_tp`` each way). A framework that overlaps them with the layer's GEMMs (Transformer Engine userbuffers,
+    ``--tp-comm-overlap``: the all-gather / reduce-scatter is split into chunks pipelined against the GEMM
+    that consumes / produces them) leaves the share ``tp_exposed`` of it showing, but it cannot hide more
+    than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad). With fast GEMMs
+    (fp8 / NVFP4 at high tp) the rest shows."""
+    share = t_tp * fw["tp_exposed"] * cal.comm_exposed
+    return np.maximum(share, t_tp - t_gemm_f), np.maximum(share, t_tp - 2.0 * t_gemm_f)
+
+
 def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     """One dense layer's forward / backward seconds per micro-batch: attention projections, attention core,
     MLP, memory-bound kernels and the exposed TP and CP communication (``dense_f`` / ``dense_b``), with the
@@ -254,7 +265,8 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, c.tp_k, c.tp_N)
     t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, c.tp_k, c.tp_N)
     d.t_tp = np.where(sp, 2 * (t_ag + t_rs), 2 * t_ar)
-    d.t_tp_exposed = d.t_tp * fw["tp_exposed"] * cal.comm_exposed
+    d.tp_exp_f, d.tp_exp_b = _tp_exposed(d.t_tp, d.t_attn_proj + d.t_mlp_dense, fw, cal)
+    d.t_tp_exposed = 0.5 * (d.tp_exp_f + d.tp_exp_b)
 
     # CP: ring exchange of K and V, (cp-1) steps, overlapped with the attention chunks.
     kv_bytes = tokens * 2 * model.kv_head_count * dims["qk_head_dim"] * eb / tp
@@ -269,8 +281,8 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     # Fixed host time per layer and micro-batch (kernel launches, Python): zero unless a profile's
     # calibration measured it (executor runs on CPU hosts, where it dominates small models).
     d.t_host = t_host = cal.layer_overhead_s
-    d.dense_f = d.t_attn_proj + d.t_mlp_dense + d.t_core_f + d.mb_f + d.t_tp_exposed + d.cp_exp_f + t_host
-    d.dense_b = (2 * (d.t_attn_proj + d.t_mlp_dense) + d.t_core_b + 2 * d.mb_f + d.t_tp_exposed + d.cp_exp_b
+    d.dense_f = d.t_attn_proj + d.t_mlp_dense + d.t_core_f + d.mb_f + d.tp_exp_f + d.cp_exp_f + t_host
+    d.dense_b = (2 * (d.t_attn_proj + d.t_mlp_dense) + d.t_core_b + 2 * d.mb_f + d.tp_exp_b + d.cp_exp_b
                  + 2 * t_host)
     d.dense_comm_f = d.t_tp + t_cp_f
     d.dense_comm_b = d.t_tp + 2 * t_cp_f
@@ -316,13 +328,15 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
     moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
-    moe_f = moe_gemm + d.t_core_f + mb_moe + d.t_tp_exposed + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
-    moe_b = (2 * moe_gemm + d.t_core_b + 2 * mb_moe + d.t_tp_exposed + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
+    tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal)
+    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
+    moe_b = (2 * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
              + 2 * d.t_host)
     # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
     # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it.
     t_moe_host = (MOE_HOST_FIXED_S + E / ep * MOE_HOST_PER_EXPERT_S) * cal.moe_overhead * (prof.kind == "gpu")
     return dict(moe_f=np.maximum(moe_f, t_moe_host), moe_b=np.maximum(moe_b, 2 * t_moe_host), mb_moe=mb_moe,
+                t_tp_exposed_moe=0.5 * (tp_exp_f + tp_exp_b),
                 t_a2a=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts, t_moe_fixed=t_moe_fixed,
                 t_moe_host=t_moe_host)
 
@@ -336,6 +350,7 @@ def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
         vars(lt).update(_moe_layer(c, lt))
     else:
         lt.moe_f = lt.moe_b = lt.mb_moe = np.zeros(c.n)
+        lt.t_tp_exposed_moe = lt.t_tp_exposed
         lt.t_a2a = np.zeros(c.n)
     rc = c.a.recompute
     # Selective: the attention core, plus (flash era) the LayerNorms and MLP activation, which are
@@ -596,11 +611,11 @@ def _bounds(c, lt, st, p, t, step) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) step seconds: every overlappable collective hidden vs none hidden."""
     col, m, n_dense, n_moe, valid = _col, c.m, st.n_dense, st.n_moe, st.valid
     overl_layer = n_dense * col(lt.dense_comm_f + lt.dense_comm_b - 2 * lt.t_tp_exposed) + \
-        n_moe * col(2 * lt.t_tp - 2 * lt.t_tp_exposed)
+        n_moe * col(2 * lt.t_tp - 2 * lt.t_tp_exposed_moe)
     upper = step + (col(m) * np.where(valid, overl_layer, 0.0)).max(axis=1) + \
         np.where(valid, np.where(p.fsdp > 0, t.fsdp_comm, t.grad_sync + t.param_sync) - t.dp_exposed,
                  0.0).max(axis=1)
-    hidden_now = (col(m) * np.where(valid, n_dense * col(2 * lt.t_tp_exposed) + n_moe * col(2 * lt.t_tp_exposed),
+    hidden_now = (col(m) * np.where(valid, n_dense * col(2 * lt.t_tp_exposed) + n_moe * col(2 * lt.t_tp_exposed_moe),
                                     0.0)).max(axis=1)
     lower = np.maximum(step - hidden_now - t.dp_exposed.max(axis=1), 0.0)
     return lower, upper
@@ -635,9 +650,9 @@ def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.nda
         "bubble_s": st.bubble_s,
         "compute_s": m_col * (st.stage_f + st.stage_b)[rows, i_max] - m_col * (
             n_dense * col(2 * lt.t_tp_exposed + lt.cp_exp_f + lt.cp_exp_b)
-            + n_moe * col(2 * lt.t_tp_exposed + 2 * lt.t_a2a))[rows, i_max],
+            + n_moe * col(2 * lt.t_tp_exposed_moe + 2 * lt.t_a2a))[rows, i_max],
         "recompute_s": m_col * st.stage_rec[rows, i_max],
-        "tp_comm_exposed_s": m_col * (SL * per_layer_tp)[rows, i_max],
+        "tp_comm_exposed_s": m_col * (n_dense * per_layer_tp + n_moe * col(2 * lt.t_tp_exposed_moe))[rows, i_max],
         "cp_comm_exposed_s": m_col * (SL * col(lt.cp_exp_f + lt.cp_exp_b))[rows, i_max],
         "ep_comm_exposed_s": m_col * (n_moe * col(2 * lt.t_a2a))[rows, i_max],
         "pp_comm_exposed_s": m * st.p2p_stage,

@@ -42,3 +42,25 @@ def test_hops_cross_the_network_on_hgx():
     out = _run([1.0])
     act_bytes = MODEL.seq_len * MODEL.hidden * 2 / 8
     assert out["details"]["p2p_s"][0] > act_bytes / CLUSTER.inter_node.nic_bandwidth_bytes_per_s
+
+
+def test_tp_overlap_cannot_hide_more_than_the_gemms_last():
+    """megatron-core hides tensor-parallel collectives behind the layer's GEMMs, leaving its share showing;
+    with GEMMs 4x faster (same links) the forward's collectives outlast its GEMMs and the rest shows too."""
+    model, cluster = get_model("llama3-8b"), load_cluster("h100x512")
+    prof = load_profile("H100")
+    fast = prof.model_copy(update={"peak_flops": {k: v.model_copy(update={"value": v.value * 4})
+                                                  for k, v in prof.peak_flops.items()}})
+    plans = PlanArrays.from_columns(tp=8, pp=1, vpp=1, dp=64, micro_batch=1, global_batch=64, recompute=0)
+    share = FRAMEWORK["megatron-core"]["tp_exposed"]
+    for p, grows in ((prof, False), (fast, True)):
+        out = estimate_arrays(model, cluster, plans, profile=p)
+        d = out["details"]
+        t_tp, gemm_f = d["tp_comm_s"][0], d["attn_proj_s"][0] + d["mlp_dense_s"][0]
+        per_layer = share * t_tp * p.calibration.comm_exposed
+        expected_f = max(per_layer, t_tp - gemm_f)
+        expected_b = max(per_layer, t_tp - 2 * gemm_f)
+        assert bool(t_tp > gemm_f) == grows
+        assert out["tp_comm_exposed_s"][0] == pytest.approx(model.layers * (expected_f + expected_b), rel=1e-9)
+        if grows:
+            assert out["tp_comm_exposed_s"][0] > 1.5 * model.layers * 2 * per_layer

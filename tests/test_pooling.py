@@ -90,7 +90,8 @@ def test_rows_are_weighted_by_source(cases):
 
 
 def test_every_shipped_gpu_names_its_generation():
-    for g in ("V100-32GB", "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300"):
+    for g in ("V100-32GB", "A100-80GB", "A800-80GB", "H100", "H200", "H800", "GH200", "GH200-96GB", "B200", "B300",
+              "GB200", "GB300"):
         assert load_profile(g).generation in ("volta", "ampere", "hopper", "blackwell")
 
 

@@ -52,8 +52,8 @@ def _norm(s: str) -> str:
 
 def test_expected_profiles_and_clusters_ship():
     assert {p.stem for p in profile_paths()} >= {
-        "A100-80GB", "A100-40GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300", "V100-32GB",
-        "V100-16GB"}
+        "A100-80GB", "A100-40GB", "A800-80GB", "H100", "H200", "H800", "GH200", "GH200-96GB", "B200", "B300",
+        "GB200", "GB300", "V100-32GB", "V100-16GB"}
     assert {p.stem for p in CLUSTER_PATHS} >= {
         "h100x512", "a100x1024", "h200x256", "b200x1024", "gb200-nvl72x8", "gb300-nvl72x4",
         "h100x16384", "v100-dgx2x64"}
@@ -154,7 +154,8 @@ def test_published_runs_gpu_types_resolve(gpu_type):
     ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100-SXM3-32GB", "V100-32GB"),
     ("NVIDIA B300 SXM6 AC", "B300"), ("h800", "H800"), ("NVIDIA H200", "H200"),
     ("A100 40GB", "A100-40GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("Tesla V100-SXM2-16GB", "V100-16GB"),
-    ("V100 16GB", "V100-16GB")])
+    ("V100 16GB", "V100-16GB"), ("A800", "A800-80GB"), ("NVIDIA A800-SXM4-80GB", "A800-80GB"), ("GH200", "GH200"),
+    ("NVIDIA GH200 SXM", "GH200"), ("GH200 96GB", "GH200-96GB")])
 def test_alias_resolves_to(alias, name):
     assert load_profile(alias).name == name
 
@@ -186,9 +187,9 @@ def test_aliases_do_not_collide():
 
 def test_gemm_csv_nvidia_names_resolve():
     for gpu_type in ("NVIDIA A100 SXM", "NVIDIA H100 SXM", "NVIDIA H200 SXM", "NVIDIA B200 SXM",
-                     "NVIDIA B300 SXM", "NVIDIA GB200 SXM"):
+                     "NVIDIA B300 SXM", "NVIDIA GB200 SXM", "NVIDIA GH200 SXM"):
         load_profile(gpu_type)
-    for other in ("NVIDIA A100 PCIe", "NVIDIA GH200 SXM", "AMD MI300X"):
+    for other in ("NVIDIA A100 PCIe", "AMD MI300X"):
         with pytest.raises(InputError, match="unknown GPU type"):
             load_profile(other)
 
@@ -242,7 +243,10 @@ def test_a100_headline_numbers():
     ("GB300", 279, 2.5e15, 5e15, 15e15, 900e9, 100e9, 72, True),
     ("V100-32GB", 32, 125e12, None, None, 150e9, 6.25e9, 16, False),
     ("A100-40GB", 40, 312e12, None, None, 300e9, 25e9, 8, False),
-    ("V100-16GB", 16, 125e12, None, None, 150e9, 6.25e9, 8, False)])
+    ("V100-16GB", 16, 125e12, None, None, 150e9, 6.25e9, 8, False),
+    ("A800-80GB", 80, 312e12, None, None, 200e9, 25e9, 8, False),
+    ("GH200", 141, 989e12, 1979e12, None, 450e9, 25e9, 4, False),
+    ("GH200-96GB", 96, 989e12, 1979e12, None, 450e9, 25e9, 4, False)])
 def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain, nvls):
     p = load_profile(name)
     assert p.memory_bytes.value == memory_gib * GIB
@@ -261,7 +265,7 @@ def test_v100_bf16_stands_in_for_fp16():
 
 
 @pytest.mark.parametrize("row", [r for r in _rows("gemm.csv") if r["gpu_type"].startswith("NVIDIA")
-                                 and r["gpu_type"] not in ("NVIDIA A100 PCIe", "NVIDIA GH200 SXM")],
+                                 and r["gpu_type"] != "NVIDIA A100 PCIe"],
                          ids=lambda r: f"{r['gpu_type']}-{r['dtype']}")
 def test_gemm_efficiency_matches_gemm_csv(row):
     """gemm.csv (STAS_MAMF): peak_tflops_spec equals the profile's peak, and the profile's

@@ -226,8 +226,9 @@ def _tp_exposed(t_tp, t_gemm_f, fw: dict, cal) -> tuple[np.ndarray, np.ndarray]:
     that consumes / produces them) leaves the share ``tp_exposed`` of it showing, but it cannot hide more
     than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad). With fast GEMMs
     (fp8 / NVFP4 at high tp) the rest shows."""
-    share = t_tp * fw["tp_exposed"] * cal.comm_exposed
-    return np.maximum(share, t_tp - t_gemm_f), np.maximum(share, t_tp - 2.0 * t_gemm_f)
+    share = t_tp * fw["tp_exposed"]
+    return (np.maximum(share, t_tp - t_gemm_f) * cal.comm_exposed,
+            np.maximum(share, t_tp - 2.0 * t_gemm_f) * cal.comm_exposed)
 
 
 def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:

@@ -58,9 +58,11 @@ def test_host_profiles_overlap_nothing():
     plan = ParallelPlan(tp=4, global_batch=8, micro_batch=1, recompute="none")
     gpu = estimate(model, cluster, plan, profile=prof.model_copy(update={"kind": "gpu"}))
     host = estimate(model, cluster, plan, profile=prof)
-    # megatron-core on GPUs hides 3/4 of the TP collectives; gloo on CPU processes hides none.
-    assert host.step_time_s > gpu.step_time_s
-    assert host.breakdown_s["tp_comm_exposed"] == pytest.approx(4 * gpu.breakdown_s["tp_comm_exposed"], rel=1e-6)
+    # megatron-core on GPUs hides up to 3/4 of the TP collectives behind the GEMMs (here the GEMMs are
+    # shorter than the collectives, so it hides what they last); gloo on CPU processes hides none.
+    host_tp, gpu_tp = host.breakdown_s["tp_comm_exposed"], gpu.breakdown_s["tp_comm_exposed"]
+    assert gpu_tp < host_tp
+    assert gpu_tp >= 0.25 * host_tp * (1 - 1e-9)
 
 
 def test_fp32_training_uses_fp32_rates_and_bytes():

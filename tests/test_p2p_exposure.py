@@ -57,9 +57,10 @@ def test_tp_overlap_cannot_hide_more_than_the_gemms_last():
         out = estimate_arrays(model, cluster, plans, profile=p)
         d = out["details"]
         t_tp, gemm_f = d["tp_comm_s"][0], d["attn_proj_s"][0] + d["mlp_dense_s"][0]
-        per_layer = share * t_tp * p.calibration.comm_exposed
-        expected_f = max(per_layer, t_tp - gemm_f)
-        expected_b = max(per_layer, t_tp - 2 * gemm_f)
+        ce = p.calibration.comm_exposed
+        per_layer = share * t_tp * ce
+        expected_f = max(share * t_tp, t_tp - gemm_f) * ce
+        expected_b = max(share * t_tp, t_tp - 2 * gemm_f) * ce
         assert bool(t_tp > gemm_f) == grows
         assert out["tp_comm_exposed_s"][0] == pytest.approx(model.layers * (expected_f + expected_b), rel=1e-9)
         if grows:

@@ -117,6 +117,7 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     as a user's cluster runs it (rows whose release is unsaid form their source's own group).
     other_models: in every (source, GPU) group with two or more models, each model's first row in turn
     calibrates the base profile, which predicts the rows of the group's other models.
+    other_models_same_release: the same inside each software release of a source (source, release, GPU).
     Each figure comes with the same rows' error before calibration, and per-group details.
     ``other_models_weight`` replaces the calibrated profiles' Calibration.other_models_weight (None: as fitted).
     """
@@ -181,20 +182,29 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
 
     same_after, same_before, same_groups = same(by_model, False)
     rel_after, rel_before, rel_groups = same(by_release, True)
-    other_after, other_before, other_groups = [], [], []
-    for (src, gpu), rows in by_stack.items():
-        firsts = {}
-        for c in rows:
-            firsts.setdefault(c.model.name, c)
-        if len(firsts) < 2:
-            continue
-        pairs = [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name]
-        after, before = score(pairs)
-        other_after += after
-        other_before += before
-        other_groups.append({"source_id": src, "gpu_type": gpu, "models": len(firsts),
-                             "anchor_rows": [a.row for a in firsts.values()],
-                             "after": _stats(after), "before": _stats(before)})
+    def others(groups: dict, by_release: bool) -> tuple[list[float], list[float], list[dict]]:
+        """In each group with two or more models, each model's first row calibrates, the other models' rows
+        are scored."""
+        all_after, all_before, out = [], [], []
+        for key, rows in groups.items():
+            firsts = {}
+            for c in rows:
+                firsts.setdefault(c.model.name, c)
+            if len(firsts) < 2:
+                continue
+            after, before = score([(a, t) for name, a in firsts.items() for t in rows if t.model.name != name])
+            all_after += after
+            all_before += before
+            out.append({"source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
+                        "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()],
+                        "after": _stats(after), "before": _stats(before)})
+        return all_after, all_before, out
+
+    by_stack_release: dict[tuple, list] = {}
+    for c in cases:
+        by_stack_release.setdefault((c.source_id, c.release, c.gpu_type), []).append(c)
+    other_after, other_before, other_groups = others(by_stack, False)
+    orel_after, orel_before, orel_groups = others(by_stack_release, True)
     return {"scheme": SCHEME,
             "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
                            "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
@@ -202,7 +212,10 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                              "ape": [round(x, 3) for x in rel_after], "ape_before": [round(x, 3) for x in rel_before]},
             "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
                              "ape": [round(x, 3) for x in other_after],
-                             "ape_before": [round(x, 3) for x in other_before]}}
+                             "ape_before": [round(x, 3) for x in other_before]},
+            "other_models_same_release": {**_stats(orel_after), "before": _stats(orel_before), "groups": orel_groups,
+                                          "ape": [round(x, 3) for x in orel_after],
+                                          "ape_before": [round(x, 3) for x in orel_before]}}
 
 
 SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"
@@ -212,7 +225,7 @@ def pool_one_run(results: list[dict]) -> dict:
     """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
     groups listed together, raw errors dropped."""
     out: dict = {"scheme": SCHEME}
-    for key in ("same_model", "same_release", "other_models"):
+    for key in ("same_model", "same_release", "other_models", "other_models_same_release"):
         after = [x for r in results for x in r[key]["ape"]]
         before = [x for r in results for x in r[key]["ape_before"]]
         out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}

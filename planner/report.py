@@ -353,7 +353,9 @@ def one_run_table(one: dict):
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for key, on, what in (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
                           ("same_release", "1st run of a (source, release, GPU, model)", "its other runs"),
-                          ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs")):
+                          ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs"),
+                          ("other_models_same_release", "1st run of each model of a (source, release, GPU)",
+                           "the other models' runs")):
         if key not in one:
             continue
         r = one[key]

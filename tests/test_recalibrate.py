@@ -270,6 +270,17 @@ def test_one_run_cv_recovers_a_level_shift():
     assert by_release["count"] == len(pick) - 3
     assert sorted((g["release"], g["model"]) for g in by_release["groups"]) == sorted(
         {(c.release, c.model.name) for c in split})
+    # Other models inside one release: each (source, release, GPU) with both models pairs every model's first
+    # run with the other model's rows there; the release holding only moved 70B rows drops out.
+    stacks: dict = {}
+    for c in split:
+        stacks.setdefault((c.source_id, c.release, c.gpu_type), []).append(c.model.name)
+    pairs = sum(len(names) for names in stacks.values() if len(set(names)) == 2)
+    in_release = one_run_calibration_cv(split)["other_models_same_release"]
+    assert in_release["count"] == pairs > 0
+    assert {g["release"] for g in in_release["groups"]} == {k[1] for k, v in stacks.items() if len(set(v)) == 2}
+    assert "other" not in {g["release"] for g in in_release["groups"]}
+    assert 12.5 < in_release["mape"] < 15.0
     whole = one_run_calibration_cv(slow, other_models_weight=1.0)
     assert whole["other_models"]["mape"] < 5.0 and whole["same_model"]["mape"] == r["same_model"]["mape"]
 

@@ -170,7 +170,9 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     dtype = compute.gemm_dtype(model.precision)
     c = SimpleNamespace(model=model, cluster=cluster, a=a, prof=prof, fw=fw, cal=prof.calibration,
                         framework=framework, moe_imbalance=moe_imbalance, grad_compression=grad_compression,
-                        dtype=dtype, fp8=dtype in ("fp8", "fp4"))
+                        dtype=dtype, fp8=dtype in ("fp8", "fp4"),
+                        # Weight-gradient GEMMs per data-gradient GEMM: none for LoRA's frozen weights.
+                        wgrad=0.0 if model.finetune == "lora" else 1.0)
     # Quantisation traffic per GEMM-input element, in units of bf16 elements (2 bytes): fp8 reads 2 B
     # and writes a row-wise and a column-wise (transposed) 1 B copy; MXFP8 adds 1/32 scales; NVFP4
     # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
@@ -219,16 +221,17 @@ def _mlp_block(c: SimpleNamespace, ffn, tok, width_div):
     return _gemm(c, flops, mn), elems
 
 
-def _tp_exposed(t_tp, t_gemm_f, fw: dict, cal) -> tuple[np.ndarray, np.ndarray]:
+def _tp_exposed(t_tp, t_gemm_f, fw: dict, cal, wgrad: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Exposed tensor-parallel communication of one layer's forward and backward (its collectives take
     ``t_tp`` each way). A framework that overlaps them with the layer's GEMMs (Transformer Engine userbuffers,
     ``--tp-comm-overlap``: the all-gather / reduce-scatter is split into chunks pipelined against the GEMM
     that consumes / produces them) leaves the share ``tp_exposed`` of it showing, but it cannot hide more
-    than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad). With fast GEMMs
+    than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad; once without wgrad,
+    ``wgrad`` 0 for frozen LoRA weights). With fast GEMMs
     (fp8 / NVFP4 at high tp) the rest shows."""
     share = t_tp * fw["tp_exposed"]
     return (np.maximum(share, t_tp - t_gemm_f) * cal.comm_exposed,
-            np.maximum(share, t_tp - 2.0 * t_gemm_f) * cal.comm_exposed)
+            np.maximum(share, t_tp - (1.0 + wgrad) * t_gemm_f) * cal.comm_exposed)
 
 
 def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
@@ -266,7 +269,7 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     t_rs = comm.collective_time_s(prof, cluster, "reduce_scatter", act_bytes, tp, c.tp_k, c.tp_N)
     t_ar = comm.collective_time_s(prof, cluster, "all_reduce", act_bytes, tp, c.tp_k, c.tp_N)
     d.t_tp = np.where(sp, 2 * (t_ag + t_rs), 2 * t_ar)
-    d.tp_exp_f, d.tp_exp_b = _tp_exposed(d.t_tp, d.t_attn_proj + d.t_mlp_dense, fw, cal)
+    d.tp_exp_f, d.tp_exp_b = _tp_exposed(d.t_tp, d.t_attn_proj + d.t_mlp_dense, fw, cal, c.wgrad)
     d.t_tp_exposed = 0.5 * (d.tp_exp_f + d.tp_exp_b)
 
     # CP: ring exchange of K and V, (cp-1) steps, overlapped with the attention chunks.
@@ -283,7 +286,7 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     # calibration measured it (executor runs on CPU hosts, where it dominates small models).
     d.t_host = t_host = cal.layer_overhead_s
     d.dense_f = d.t_attn_proj + d.t_mlp_dense + d.t_core_f + d.mb_f + d.tp_exp_f + d.cp_exp_f + t_host
-    d.dense_b = (2 * (d.t_attn_proj + d.t_mlp_dense) + d.t_core_b + 2 * d.mb_f + d.tp_exp_b + d.cp_exp_b
+    d.dense_b = ((1 + c.wgrad) * (d.t_attn_proj + d.t_mlp_dense) + d.t_core_b + 2 * d.mb_f + d.tp_exp_b + d.cp_exp_b
                  + 2 * t_host)
     d.dense_comm_f = d.t_tp + t_cp_f
     d.dense_comm_b = d.t_tp + 2 * t_cp_f
@@ -329,9 +332,9 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
     moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
-    tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal)
+    tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal, c.wgrad)
     moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
-    moe_b = (2 * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
+    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
              + 2 * d.t_host)
     # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
     # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it.
@@ -397,7 +400,7 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     t_emb = compute.memory_bound_time_s(prof, lt.ln_tokens * h * eb * 3)
     st.first, st.last = first, last = st.stages.first, st.stages.last
     stage_f = stage_f + first * col(t_emb) + last * col(t_logit + t_ce)
-    stage_b = stage_b + first * col(t_emb) + last * col(2 * t_logit + t_ce)
+    stage_b = stage_b + first * col(t_emb) + last * col((1 + c.wgrad) * t_logit + t_ce)
     # Multi-token prediction (megatron-core: on the last stage): per module a layer of the last kind, the
     # 2h->h projection of [norm(h); norm(embedding)] and the shared output layer and loss once more.
     st.mtp = mtp = model.mtp_layers
@@ -405,7 +408,7 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     if mtp:
         t_eh = _gemm(c, 2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
         mtp_f = (lt.moe_f if mtp_moe else lt.dense_f) + t_eh + t_logit + t_ce
-        mtp_b = (lt.moe_b if mtp_moe else lt.dense_b) + 2 * t_eh + 2 * t_logit + t_ce
+        mtp_b = (lt.moe_b if mtp_moe else lt.dense_b) + (1 + c.wgrad) * (t_eh + t_logit) + t_ce
         stage_f = stage_f + last * col(mtp * mtp_f)
         stage_b = stage_b + last * col(mtp * mtp_b)
         stage_rec = stage_rec + last * rec_frac * col(mtp * (lt.rec_moe if mtp_moe else lt.rec_dense))
@@ -492,11 +495,13 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     lat_fsdp = {k: latency(k, SL, SL) for k in ("reduce_scatter", "all_gather")}
     dist, fsdp = p.dist, p.fsdp
     t = SimpleNamespace()
-    t.grad_sync = np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
-    t.param_sync = np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
+    # Frozen (LoRA) weights have no gradients to reduce and, unchanged, none to gather after the step.
+    w = c.wgrad
+    t.grad_sync = w * np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
+    t.param_sync = w * np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
     # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
-    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + rs_d + rs_e
-                            + lat_fsdp["reduce_scatter"])
+    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + w * (rs_d + rs_e
+                                                                             + lat_fsdp["reduce_scatter"]))
     stage_f, stage_b, vpp = st.stage_f, st.stage_b, c.vpp
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
@@ -523,7 +528,7 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
 
     # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy.
     opt_params = p_dense_stage / p.shard + p_exp_stage / p.shard_e
-    t_opt = compute.memory_bound_time_s(prof, opt_params * 34.0)
+    t_opt = c.wgrad * compute.memory_bound_time_s(prof, opt_params * 34.0)
     t.t_opt = np.where(valid, t_opt, 0.0)
     t.stage_tail = t.dp_exposed + t.t_compress + t.t_opt
     t.tail = t.stage_tail.max(axis=1)
@@ -571,11 +576,12 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     p_stage = p_dense_stage + p_exp_stage
     mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.dp_size) + p_exp_stage * w_bytes / col(c.edp),
                            p_stage * w_bytes)
-    mem.grads = np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.dp_size) + p_exp_stage * grad_b / col(c.edp),
-                         p_stage * grad_b)
+    mem.grads = c.wgrad * np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.dp_size)
+                                   + p_exp_stage * grad_b / col(c.edp), p_stage * grad_b)
     if c.grad_compression is not None:
         mem.grads = mem.grads + p_stage * c.grad_compression.residual_bytes_per_element
-    mem.optim = memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard + p_exp_stage / p.shard_e)
+    mem.optim = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
+                                                                          + p_exp_stage / p.shard_e)
     # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the
     # backward, their gradients before the reduce-scatter (the one reduced and the queue): memory.py
     # fsdp_unsharded_elements. An FSDP unit is one TransformerLayer on this rank: its expert part holds the
@@ -585,7 +591,7 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     layer_p = np.maximum((n_dense > 0) * lp_dense["dense"] / col(tp),
                          (n_moe > 0) * (lp_moe["dense"] / col(tp) + lp_moe["expert"] / col(c.ep * c.etp)))
     w_unsh, g_unsh = memory.fsdp_unsharded_elements(layer_p, SL)
-    unsharded = np.where(fsdp > 0, w_unsh * w_bytes, 0.0) + np.where(col(zero >= 2), g_unsh * grad_b, 0.0)
+    unsharded = np.where(fsdp > 0, w_unsh * w_bytes, 0.0) + c.wgrad * np.where(col(zero >= 2), g_unsh * grad_b, 0.0)
     live = mem.weights + mem.grads + mem.optim + mem.activations + unsharded
     mem.buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     mem.peak = np.where(st.valid, live + mem.buffers, 0.0)

@@ -125,21 +125,25 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bo
 def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
     """Model FLOPs of one optimizer step: 3x forward (fwd + 2x bwd), attention counted non-causal,
     logits included, no recompute. For a GPT this is exactly Korthikanti Eq. 7. Each multi-token-prediction
-    module adds a layer of the last kind, its 2h->h projection and the logits once more."""
+    module adds a layer of the last kind, its 2h->h projection and the logits once more. LoRA on frozen
+    weights (ModelSpec.finetune): the weight GEMMs run forward and data-gradient only (2x their forward),
+    the attention core still 3x."""
     tokens = np.asarray(global_batch, dtype=float) * model.seq_len
     n_dense = model.layers - model.moe_layers
-    total = 0.0
+    linear, attn = 0.0, 0.0
     f = layer_forward_flops(model, tokens, model.seq_len, moe=False, causal=False)
-    total = total + n_dense * (f["gemm"] + f["expert"] + f["attn"])
+    linear, attn = linear + n_dense * (f["gemm"] + f["expert"]), attn + n_dense * f["attn"]
     if model.is_moe:
         f = layer_forward_flops(model, tokens, model.seq_len, moe=True, causal=False)
-        total = total + model.moe_layers * (f["gemm"] + f["expert"] + f["attn"])
+        linear, attn = linear + model.moe_layers * (f["gemm"] + f["expert"]), attn + model.moe_layers * f["attn"]
     logits = 2.0 * tokens * model.hidden * model.vocab
+    linear = linear + logits
     if model.mtp_layers:
         f = layer_forward_flops(model, tokens, model.seq_len, moe=model.moe_layers > 0, causal=False)
         eh_proj = 2.0 * tokens * 2 * model.hidden * model.hidden
-        total = total + model.mtp_layers * (f["gemm"] + f["expert"] + f["attn"] + eh_proj + logits)
-    return 3.0 * (total + logits)
+        linear = linear + model.mtp_layers * (f["gemm"] + f["expert"] + eh_proj + logits)
+        attn = attn + model.mtp_layers * f["attn"]
+    return (2.0 if model.finetune == "lora" else 3.0) * linear + 3.0 * attn
 
 
 def korthikanti_eq7(global_batch, layers, seq_len, hidden, vocab) -> float:

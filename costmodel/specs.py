@@ -216,6 +216,11 @@ class ModelSpec(FrozenSpec):
     """Multi-head latent attention: value head width (None = head_dim)."""
     precision: Precision = "bf16"
     """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
+    finetune: Literal["full", "lora"] = "full"
+    """What the step trains: every weight ("full": pretraining, SFT) or low-rank adapters on frozen weights
+    ("lora": LoRA, Hu et al. 2021, arXiv:2106.09685). Frozen weights get no weight gradient (the backward runs
+    the data-gradient GEMMs only), no gradient reduction, no optimizer state and no optimizer step; the adapters
+    (rank r << hidden) are left out of the costs."""
     unexpressed: tuple[str, ...] = ()
     """Architectural facts of the source (a config.json, or the catalog's citation) that no field above holds;
     megatron_args.txt names them in a '# not expressed:' line. Empty for a model the planner fully expresses."""

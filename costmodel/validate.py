@@ -223,7 +223,24 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
         elif "mtp" not in lname:
             assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
     spec["precision"] = precision_of(row.get("precision") or "", assumed)
+    spec["finetune"] = finetune_of(row, assumed)
     return ModelSpec.model_validate(spec)
+
+
+# A LoRA / PEFT run: the word in the model name, the notes or a task column (Megatron-Bridge's archive: "lora";
+# NeMo's tables: "LoRA on SQuAD"). Not part of a longer name (MLA's kv_lora_rank is not a LoRA run).
+_LORA = re.compile(r"(?<![a-z0-9_])(q?lora|peft)(?![a-z0-9_])", re.I)
+_TASK_COLUMNS = ("finetune", "task", "peft", "training", "mode")
+
+
+def finetune_of(row: dict, assumed: list[str]) -> str:
+    """'lora' when the row says it trained adapters on frozen weights (ModelSpec.finetune), else 'full'."""
+    for col in ("model_name", *_TASK_COLUMNS, "notes"):
+        m = _LORA.search(row.get(col) or "")
+        if m:
+            assumed.append(f"finetune=lora (from {m.group(0)!r} in {col}: frozen weights, no weight gradients)")
+            return "lora"
+    return "full"
 
 
 def precision_of(raw: str, assumed: list[str]) -> str:

@@ -75,7 +75,11 @@ def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
             names = {*data[key], *spec.model_fields}
             raise InputError(f"{path}: {validation_line(exc, {k: f'{key}.{k}' for k in map(str, names)})}") from None
 
-    return parse("model", ModelSpec), parse("plan", ParallelPlan)
+    model = parse("model", ModelSpec)
+    if model.finetune != "full":
+        raise InputError(f"{path}: model.finetune is {model.finetune!r}; the executor trains every weight "
+                         f"(finetune 'full'): plan LoRA here, run it with Megatron-Bridge's PEFT")
+    return model, parse("plan", ParallelPlan)
 
 
 def available_processes() -> tuple[int, str]:

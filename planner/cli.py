@@ -88,6 +88,8 @@ def _model_flags(ap: argparse.ArgumentParser, then=lambda ap: None) -> None:
     then(ap)
     ap.add_argument("--seq-len", type=_count, default=None, help="sequence length (default: the model's)")
     ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
+    ap.add_argument("--finetune", default="full", help="full (pretraining, SFT: every weight trains) or lora "
+                    "(adapters on frozen weights: no weight gradients, gradient reduction or optimizer state)")
     ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
 
 
@@ -901,6 +903,9 @@ def cmd_autotune(argv: list[str]) -> int:
                                                                         "counted as failed (default 900)")
     _train_args(ap)
     args = ap.parse_args(argv)
+    if args.finetune != "full":
+        raise InputError(f"plan autotune --finetune {args.finetune}: the executor trains every weight; valid: full "
+                         f"(plan LoRA with `plan --finetune lora`)")
     _need_executor("autotune")
     from costmodel.estimate import estimate_arrays
     from executor.autotune import autotune, result_json

@@ -345,6 +345,10 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
     _recompute_flags(plan, f)
     _precision_flags(model, f, fp8_recipe)
+    if model.finetune == "lora":
+        # pretrain_gpt.py has no adapters: LoRA runs through Megatron-Bridge / NeMo PEFT on the same layout.
+        f.lost.append("LoRA on frozen weights (pretrain_gpt.py trains every weight; run it with Megatron-Bridge's "
+                      "PEFT, peft=lora, on this layout)")
     if f.lost:
         f.notes.insert(0, "# not expressed: " + "; ".join(f.lost))
     return f.out + f.notes

@@ -148,6 +148,16 @@ class Target:
     """The HardwareProfile autotune starts from (--profile there), or None: the cluster's."""
 
 
+FINETUNE = ("full", "lora")
+
+
+def with_finetune(model, finetune: str):
+    """The model trained as --finetune says: full (every weight) or lora (adapters on frozen weights)."""
+    if finetune not in FINETUNE:
+        raise InputError(f"--finetune {finetune}: expected one of {', '.join(FINETUNE)}")
+    return model if finetune == model.finetune else model.model_copy(update={"finetune": finetune})
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A model on a cluster, as ``plan`` and ``plan autotune`` take it (the field names are the flags' dests)."""
@@ -160,6 +170,8 @@ class PlanRequest:
     """Sequence length; None: the model's."""
     precision: str | None = None
     """None: the model's (bf16 becomes fp16 on GPUs without bf16)."""
+    finetune: str = "full"
+    """What the step trains: full (every weight) or lora (adapters on frozen weights)."""
     global_batch: int | None = None
     """Sequences per step; None: ~4M tokens (HOST_SEQUENCES_PER_RANK per rank on CPU ranks with host_batch)."""
     profile_file: str | None = None
@@ -180,7 +192,7 @@ class PlanRequest:
         from costmodel.catalog import get_model
         from costmodel.profiles import load_cluster
 
-        model = get_model(self.model, seq_len=self.seq_len, precision=self.precision)
+        model = with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision), self.finetune)
         cluster = load_cluster(self.cluster)
         override = _profile_override(self.profile_file)
         if override is not None:
@@ -366,6 +378,7 @@ class CapacityRequest:
     """'15T', '300B', '2e12'; None: 20 per parameter."""
     seq_len: int | None = None
     precision: str | None = None
+    finetune: str = "full"
     global_batch: int | None = None
     compression: str = "none"
     """DP gradient compression: none, int8, int4."""
@@ -388,7 +401,7 @@ class CapacityRequest:
         from costmodel.goodput import CheckpointPolicy, FailureModel
         from planner.capacity import Assumptions, default_tokens, parse_duration, parse_money, parse_tokens
 
-        model = get_model(self.model, seq_len=self.seq_len, precision=self.precision)
+        model = with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision), self.finetune)
         if not self.failure_scale >= 0:
             raise InputError(f"--failure-scale {self.failure_scale}: expected a factor >= 0 (1 = the Llama 3 rates)")
         fm = FailureModel()

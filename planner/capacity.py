@@ -102,11 +102,11 @@ def _ints(values: list[str], dim: str) -> list[int]:
 # Scenarios: a model on a cluster with the knobs a sweep varies
 # ---------------------------------------------------------------------------------------------------------
 
-DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression")
+DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression", "finetune")
 _ALIASES = {"num_gpus": "gpus", "size": "gpus", "gpu_type": "gpu", "hardware": "gpu", "nic": "bandwidth",
             "inter_node_bandwidth": "bandwidth", "network": "bandwidth", "seq": "seq_len", "seqlen": "seq_len",
             "sequence_length": "seq_len", "batch": "global_batch", "gbs": "global_batch",
-            "grad_compression": "compression", "dtype": "precision"}
+            "grad_compression": "compression", "dtype": "precision", "peft": "finetune", "training": "finetune"}
 NUMERIC = {"gpus", "bandwidth", "seq_len", "global_batch"}
 
 
@@ -176,6 +176,11 @@ def parse_vary(spec: str) -> tuple[str, list]:
         values = [load_profile(v).name for v in raw]
     elif dim == "compression":
         values = [(c.name if (c := get_compression(v)) else "none") for v in raw]
+    elif dim == "finetune":
+        bad = [v for v in raw if v.lower() not in ("full", "lora")]
+        if bad:
+            raise InputError(f"--vary finetune: unknown value {bad[0]!r}; valid: full, lora")
+        values = [v.lower() for v in raw]
     else:
         bad = [v for v in raw if v.lower() not in PRECISION_ALIASES]
         if bad:
@@ -201,6 +206,8 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
         m = with_overrides(m, f"model {m.name!r}", int(value), None)
     elif dim == "precision":
         m = with_overrides(m, f"model {m.name!r}", None, str(value))
+    elif dim == "finetune":
+        m = m.model_copy(update={"finetune": str(value)})
     elif dim == "global_batch":
         return replace(sc, global_batch=int(value), labels=sc.labels + ((dim, value),))
     elif dim == "compression":
@@ -283,7 +290,7 @@ class CapacityPoint:
         sc = self.scenario
         d = {"cluster": sc.cluster.name, "source": sc.source, "gpu": sc.cluster.gpu, "gpus": self.gpus,
              "nodes": sc.cluster.nodes, "inter_node_bandwidth_bytes_per_s": sc.cluster.inter_node.nic_bandwidth_bytes_per_s,
-             "seq_len": sc.model.seq_len, "precision": sc.model.precision,
+             "seq_len": sc.model.seq_len, "precision": sc.model.precision, "finetune": sc.model.finetune,
              "compression": sc.compression.name if sc.compression else "none", "global_batch": self.global_batch,
              "varied": {k: v for k, v in sc.labels}, "fits": self.fits, "layouts_scored": self.evaluated}
         if not self.fits:

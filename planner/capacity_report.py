@@ -90,7 +90,7 @@ def _x_positions(points: list[CapacityPoint], x_dim: str):
 def _xlabel(x_dim: str) -> str:
     return {"gpus": "GPUs", "gpu": "GPU type", "bandwidth": "inter-node bandwidth per GPU (Gb/s)",
             "seq_len": "sequence length", "global_batch": "global batch (sequences)", "precision": "precision",
-            "compression": "DP gradient compression"}.get(x_dim, x_dim)
+            "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)"}.get(x_dim, x_dim)
 
 
 def save_capacity_png(path, points: list[CapacityPoint], x_dim: str, series_dim: str | None, title: str,

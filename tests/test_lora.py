@@ -124,3 +124,17 @@ def test_with_finetune_rejects_unknown():
 
     with pytest.raises(InputError, match="full, lora"):
         with_finetune(get_model("8b"), "adapters")
+
+
+def test_whatif_varies_finetune(capsys):
+    rc = main(["whatif", "--model", "8b", "--tokens", "1B", "--cluster", "h100x512", "--vary", "finetune=full,lora",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    pts = out.get("points", out)
+    by = {p["finetune"]: p for p in pts}
+    assert set(by) == {"full", "lora"} and by["lora"]["varied"] == {"finetune": "lora"}
+    assert by["lora"]["gpu_hours"] < by["full"]["gpu_hours"]
+    rc = main(["whatif", "--model", "8b", "--tokens", "1B", "--cluster", "h100x512", "--vary", "finetune=full,dora"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "full, lora" in err

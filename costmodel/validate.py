@@ -361,6 +361,9 @@ def framework_split(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
     Megatron-Bridge's DeepSeek-V3 layouts (61 layers, pp16: 4 x 15 and 1; pp8: 8 x 7 and 5; pp4: 16 x 3 and
     13; recipes/deepseek/deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout)."""
     stages = pp * vpp
+    if pp > 1 and stages > layers + 2:
+        raise InputError(f"pp x vp = {pp} x {vpp} = {stages} virtual pipeline stages for {layers} layers; each stage "
+                         f"needs a layer (at most {layers + 2} with the embedding and the loss counted)")
     if pp <= 1 or layers % stages == 0 or (layers + 2) % stages == 0:
         return None
     per = -(-layers // stages)

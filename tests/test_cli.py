@@ -184,6 +184,20 @@ def test_json_to_missing_directory_leaves_nothing(capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_validate_row_with_more_pipeline_stages_than_layers_is_a_row_error(capsys, tmp_path):
+    """pp x vp beyond the layers is a row error at once (before, a pp of 10^9 built a 10^9-entry split and ran
+    out of memory)."""
+    good = _good_row()
+    bad = {**good, "pp": "4000000", "tp": "1", "num_gpus": "4000000"}
+    f = _write_csv(tmp_path / "deep.csv", [good, bad], list(good))
+    out = tmp_path / "deep.json"
+    rc, _, err = run_cli(capsys, ["validate", f, "--json", out])
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rc == 0, err
+    assert rows[0]["error"] is None and "virtual pipeline stages" in rows[1]["error"]
+    assert "4000000" in rows[1]["error"]
+
+
 def test_validate_json_without_a_file_prints_json_on_stdout(capsys, tmp_path):
     """`plan validate CSV --json` (no OUT, or -) prints the JSON on stdout, the tables on stderr; the same rows
     as --json OUT. `plan validate --json CSV` reads the CSV, and an OUT that is the CSV itself is refused."""

@@ -339,6 +339,8 @@ def parse_megatron_log(text: str, source: str, *, gpu: str | None = None, cluste
         raise InputError(f"{source}: all {len(lines)} logged iteration(s) fall in the first {warmup_iterations} "
                          f"(warm-up); log more iterations or lower --warmup-iterations")
     model = log_model(a, name or _run_name(a, source), _padded_vocab(text))
+    if _LORA_CONFIG.search(text):
+        model = model.model_copy(update={"finetune": "lora"})
     plan, world = log_plan(a, model, final_gbs)
     if cluster is not None:
         gpn = cluster.gpus_per_node
@@ -355,6 +357,12 @@ def parse_megatron_log(text: str, source: str, *, gpu: str | None = None, cluste
     return LogRun(measurement=Measurement(model=model, cluster=cl, plan=plan, step_time_s=step_s),
                   iterations=[it for it, _, _ in kept], skipped=[it for it, _, _ in skipped],
                   tflops_per_gpu=float(np.median(tfs)) if tfs else None, args=a.raw)
+
+
+# A PEFT run's configuration dump: Megatron-Bridge's `peft:` block (`_target_: megatron.bridge.peft.lora.LoRA`,
+# or DoRA / CanonicalLoRA, all adapters on frozen weights) or NeMo's `peft_scheme: lora`.
+_LORA_CONFIG = re.compile(r"_target_:\s*[\w.]*\.peft\.[\w.]*(?:LoRA|DoRA)\b|^\s*peft_scheme:\s*['\"]?(?:q?lora|dora)",
+                          re.I | re.M)
 
 
 def _padded_vocab(text: str) -> int | None:

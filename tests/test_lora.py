@@ -138,3 +138,21 @@ def test_whatif_varies_finetune(capsys):
     rc = main(["whatif", "--model", "8b", "--tokens", "1B", "--cluster", "h100x512", "--vary", "finetune=full,dora"])
     err = capsys.readouterr().err
     assert rc == 2 and "full, lora" in err
+
+
+def test_a_training_log_with_a_lora_peft_block_is_read_as_lora():
+    """A Megatron-Bridge configuration dump's `peft:` block (or NeMo's peft_scheme: lora) marks the run LoRA; the
+    shipped real-format log (full training) stays full, with the same layout and step time."""
+    from costmodel.runlog import parse_megatron_log
+
+    text = (ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log").read_text()
+    full = parse_megatron_log(text, "full.log", gpu="H100")
+    bridge = "peft:\n  _target_: megatron.bridge.peft.lora.LoRA\n  dim: 16\n  alpha: 32\n"
+    lora = parse_megatron_log(bridge + text, "lora.log", gpu="H100")
+    nemo = parse_megatron_log("  peft_scheme: lora\n" + text, "nemo.log", gpu="H100")
+    assert full.measurement.model.finetune == "full"
+    assert lora.measurement.model.finetune == nemo.measurement.model.finetune == "lora"
+    assert lora.measurement.plan == full.measurement.plan
+    assert lora.measurement.step_time_s == full.measurement.step_time_s
+    off = parse_megatron_log("  peft_scheme: none\n" + text, "none.log", gpu="H100")
+    assert off.measurement.model.finetune == "full"

@@ -58,6 +58,11 @@ _positive = _number(float, 0, strict_lo=True)
 _rate = _number(float, 0)
 
 
+def _named(model) -> str:
+    """The model's name for a title, saying LoRA when the step trains adapters only."""
+    return f"{model.name} (LoRA)" if model.finetune == "lora" else model.name
+
+
 def _check_file_target(path: str | None) -> None:
     """Fail at once, before any long work, when ``path`` (--json OUT, --plot PNG) could not be written."""
     if path:
@@ -202,7 +207,7 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
         print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
-    con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
+    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
                                  f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how}"
                                  f"{', ranked by P90' if args.rank_by == 'p90' else ''})"))
     if alt is not None:
@@ -269,7 +274,7 @@ def _write_plan_dir(out: str, model, cluster, plan, est=None, extra: dict | None
 
     est = est or estimate(model, cluster, plan)
     trust = plan_trust(model, cluster, plan, est.step_time_s)
-    title = f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} dp{plan.dp} cp{plan.cp} ep{plan.ep}"
+    title = f"{_named(model)} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} dp{plan.dp} cp{plan.cp} ep{plan.ep}"
     write_outputs(out, model, cluster, plan, est, extra={**trust, **(extra or {})},
                   figures={"report.png": lambda path: save_report_png(path, est, title, plan.num_microbatches,
                                                                       trust=trust)})
@@ -353,7 +358,7 @@ def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
 
     model, cluster, plan = t.model, t.cluster, t.plan
     con = console()
-    con.print(estimate_table(est, f"{model.name} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
+    con.print(estimate_table(est, f"{_named(model)} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
                                   f"{zero_label(plan.zero_stage)}", trust))
     if t.layers_per_stage is not None:
@@ -410,7 +415,7 @@ def _search_routed(args, model, cluster, gbs: int, routing) -> int:
                           "plans": rows}, indent=1))
         return 0 if res.any_fits else 1
     con = console()
-    con.print(ranked_table(rows, f"{model.name} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), global batch "
+    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), global batch "
                                  f"{gbs} x {model.seq_len} tokens; {res.evaluated} layouts (with etp) scored under "
                                  f"the routing histogram"))
     for line in routing_lines(rs):
@@ -460,7 +465,7 @@ def _print_hetero(model, cluster, gbs: int, routing, res, plans: list, cmp: dict
 
     con = console()
     sizes = ", ".join(f"{g.name}: {g.num_gpus} x {g.gpu}" for g in cluster.device_groups)
-    con.print(hetero_table(plans, f"{model.name} on {cluster.name} ({sizes}), global batch {gbs} x {model.seq_len} "
+    con.print(hetero_table(plans, f"{_named(model)} on {cluster.name} ({sizes}), global batch {gbs} x {model.seq_len} "
                                   f"tokens; {res.counts['valid']} mixed layouts, {res.counts['scored']} split and "
                                   f"scored exactly"))
     if not res.any_fits:
@@ -687,7 +692,7 @@ def cmd_capacity(argv: list[str]) -> int:
             points += _sweep_with_progress(extra, a, args.json)
     points.sort(key=lambda p: (args.cluster.index(p.scenario.source), p.gpus))
     decision = decide(points, deadline, budget)
-    title = (f"{model.name} on {a.tokens / 1e12:g}T tokens" + ("" if args.tokens else " (20 per parameter)")
+    title = (f"{_named(model)} on {a.tokens / 1e12:g}T tokens" + ("" if args.tokens else " (20 per parameter)")
              + f", seq {model.seq_len}, {model.precision}" + (f", {comp.name} DP compression" if comp else "")
              + (f", global batch {args.global_batch}" if args.global_batch else ""))
     return _capacity_output(args, "capacity", model, a, points, ["gpus"], "cluster" if many else None, decision,
@@ -716,7 +721,7 @@ def cmd_whatif(argv: list[str]) -> int:
     points = _sweep_with_progress(scenarios_with_profile(scenarios, args.profile_file), a, args.json)
     decision = decide(points)
     names = [d for d, _ in dims]
-    title = (f"what if: {model.name} on {a.tokens / 1e12:g}T tokens, {cluster.name} varied by {' x '.join(names)}")
+    title = (f"what if: {_named(model)} on {a.tokens / 1e12:g}T tokens, {cluster.name} varied by {' x '.join(names)}")
     return _capacity_output(args, "whatif", model, a, points, names[:1], names[1] if len(names) > 1 else None,
                             decision, title)
 

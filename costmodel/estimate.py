@@ -226,9 +226,9 @@ def _tp_exposed(t_tp, t_gemm_f, fw: dict, cal, wgrad: float = 1.0) -> tuple[np.n
     ``t_tp`` each way). A framework that overlaps them with the layer's GEMMs (Transformer Engine userbuffers,
     ``--tp-comm-overlap``: the all-gather / reduce-scatter is split into chunks pipelined against the GEMM
     that consumes / produces them) leaves the share ``tp_exposed`` of it showing, but it cannot hide more
-    than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad; once without wgrad,
-    ``wgrad`` 0 for frozen LoRA weights). With fast GEMMs
-    (fp8 / NVFP4 at high tp) the rest shows."""
+    than the GEMMs last: the forward's ``t_gemm_f``, twice that backward (dgrad and wgrad; once for frozen LoRA
+    weights, ``wgrad`` 0). With fast GEMMs (fp8 / NVFP4 at high tp) the rest shows. The profile's
+    ``comm_exposed`` scales both."""
     share = t_tp * fw["tp_exposed"]
     return (np.maximum(share, t_tp - t_gemm_f) * cal.comm_exposed,
             np.maximum(share, t_tp - (1.0 + wgrad) * t_gemm_f) * cal.comm_exposed)
@@ -522,7 +522,7 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
         # GPU, so nothing hides them.
         t_compress = compute.memory_bound_time_s(
             prof, (p_dense_stage + p_exp_stage) * gc.kernel_bytes_per_element(grad_b))
-        t.t_compress = np.where(valid, t_compress * np.where(fsdp > 0, col(m), 1.0), 0.0)
+        t.t_compress = np.where(valid, c.wgrad * t_compress * np.where(fsdp > 0, col(m), 1.0), 0.0)
     else:
         t.t_compress = np.zeros_like(t.dp_exposed)
 
@@ -579,7 +579,7 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem.grads = c.wgrad * np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.dp_size)
                                    + p_exp_stage * grad_b / col(c.edp), p_stage * grad_b)
     if c.grad_compression is not None:
-        mem.grads = mem.grads + p_stage * c.grad_compression.residual_bytes_per_element
+        mem.grads = mem.grads + c.wgrad * p_stage * c.grad_compression.residual_bytes_per_element
     mem.optim = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
                                                                           + p_exp_stage / p.shard_e)
     # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the

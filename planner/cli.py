@@ -908,7 +908,7 @@ def cmd_autotune(argv: list[str]) -> int:
                                                                         "counted as failed (default 900)")
     _train_args(ap)
     args = ap.parse_args(argv)
-    if args.finetune != "full":
+    if args.finetune.strip().lower() != "full":
         raise InputError(f"plan autotune --finetune {args.finetune}: the executor trains every weight; valid: full "
                          f"(plan LoRA with `plan --finetune lora`)")
     _need_executor("autotune")

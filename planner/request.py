@@ -153,9 +153,10 @@ FINETUNE = ("full", "lora")
 
 def with_finetune(model, finetune: str):
     """The model trained as --finetune says: full (every weight) or lora (adapters on frozen weights)."""
-    if finetune not in FINETUNE:
+    key = str(finetune).strip().lower()
+    if key not in FINETUNE:
         raise InputError(f"--finetune {finetune}: expected one of {', '.join(FINETUNE)}")
-    return model if finetune == model.finetune else model.model_copy(update={"finetune": finetune})
+    return model if key == model.finetune else model.model_copy(update={"finetune": key})
 
 
 @dataclass(frozen=True)

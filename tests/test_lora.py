@@ -124,6 +124,7 @@ def test_with_finetune_rejects_unknown():
 
     with pytest.raises(InputError, match="full, lora"):
         with_finetune(get_model("8b"), "adapters")
+    assert with_finetune(get_model("8b"), " LoRA ").finetune == "lora"
 
 
 def test_whatif_varies_finetune(capsys):

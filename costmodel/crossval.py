@@ -149,11 +149,11 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
             fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
         return fitted[anchor.row]
 
-    by_model: dict[tuple, list] = {}
-    by_stack: dict[tuple, list] = {}
-    for c in cases:
-        by_model.setdefault((c.source_id, c.gpu_type, c.model.name), []).append(c)
-        by_stack.setdefault((c.source_id, c.gpu_type), []).append(c)
+    def grouped(key) -> dict[tuple, list]:
+        groups: dict[tuple, list] = {}
+        for c in cases:
+            groups.setdefault(key(c), []).append(c)
+        return groups
 
     def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
         """(anchor, target) pairs -> errors after and before calibration."""
@@ -161,61 +161,46 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         before = [abs_percent_error(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
         return after, before
 
-    by_release: dict[tuple, list] = {}
-    for c in cases:
-        by_release.setdefault((c.source_id, c.release, c.gpu_type, c.model.name), []).append(c)
-
-    def same(groups: dict, by_release: bool) -> tuple[list[float], list[float], list[dict]]:
-        """Each group's first row calibrates, its other rows are scored."""
+    def figure(pairs_of_groups) -> dict:
+        """Errors over every group's (anchor, target) pairs, with per-group details: ``pairs_of_groups``
+        yields (pairs, group description)."""
         all_after, all_before, out = [], [], []
-        for rows in groups.values():
-            if len(rows) < 2:
-                continue
-            after, before = score([(rows[0], t) for t in rows[1:]])
+        for pairs, desc in pairs_of_groups:
+            after, before = score(pairs)
             all_after += after
             all_before += before
-            a = rows[0]
-            out.append({"source_id": a.source_id, **({"release": a.release} if by_release else {}),
-                        "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row,
-                        "after": _stats(after), "before": _stats(before)})
-        return all_after, all_before, out
+            out.append({**desc, "after": _stats(after), "before": _stats(before)})
+        return {**_stats(all_after), "before": _stats(all_before), "groups": out,
+                "ape": [round(x, 3) for x in all_after], "ape_before": [round(x, 3) for x in all_before]}
 
-    same_after, same_before, same_groups = same(by_model, False)
-    rel_after, rel_before, rel_groups = same(by_release, True)
-    def others(groups: dict, by_release: bool) -> tuple[list[float], list[float], list[dict]]:
+    def same(groups: dict, by_release: bool):
+        """Each group's first row calibrates, its other rows are scored."""
+        for rows in groups.values():
+            if len(rows) >= 2:
+                a = rows[0]
+                yield [(a, t) for t in rows[1:]], {
+                    "source_id": a.source_id, **({"release": a.release} if by_release else {}),
+                    "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row}
+
+    def others(groups: dict, by_release: bool):
         """In each group with two or more models, each model's first row calibrates, the other models' rows
         are scored."""
-        all_after, all_before, out = [], [], []
         for key, rows in groups.items():
             firsts = {}
             for c in rows:
                 firsts.setdefault(c.model.name, c)
-            if len(firsts) < 2:
-                continue
-            after, before = score([(a, t) for name, a in firsts.items() for t in rows if t.model.name != name])
-            all_after += after
-            all_before += before
-            out.append({"source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
-                        "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()],
-                        "after": _stats(after), "before": _stats(before)})
-        return all_after, all_before, out
+            if len(firsts) >= 2:
+                yield [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name], {
+                    "source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
+                    "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()]}
 
-    by_stack_release: dict[tuple, list] = {}
-    for c in cases:
-        by_stack_release.setdefault((c.source_id, c.release, c.gpu_type), []).append(c)
-    other_after, other_before, other_groups = others(by_stack, False)
-    orel_after, orel_before, orel_groups = others(by_stack_release, True)
     return {"scheme": SCHEME,
-            "same_model": {**_stats(same_after), "before": _stats(same_before), "groups": same_groups,
-                           "ape": [round(x, 3) for x in same_after], "ape_before": [round(x, 3) for x in same_before]},
-            "same_release": {**_stats(rel_after), "before": _stats(rel_before), "groups": rel_groups,
-                             "ape": [round(x, 3) for x in rel_after], "ape_before": [round(x, 3) for x in rel_before]},
-            "other_models": {**_stats(other_after), "before": _stats(other_before), "groups": other_groups,
-                             "ape": [round(x, 3) for x in other_after],
-                             "ape_before": [round(x, 3) for x in other_before]},
-            "other_models_same_release": {**_stats(orel_after), "before": _stats(orel_before), "groups": orel_groups,
-                                          "ape": [round(x, 3) for x in orel_after],
-                                          "ape_before": [round(x, 3) for x in orel_before]}}
+            "same_model": figure(same(grouped(lambda c: (c.source_id, c.gpu_type, c.model.name)), False)),
+            "same_release": figure(same(grouped(lambda c: (c.source_id, c.release, c.gpu_type, c.model.name)),
+                                        True)),
+            "other_models": figure(others(grouped(lambda c: (c.source_id, c.gpu_type)), False)),
+            "other_models_same_release": figure(others(grouped(lambda c: (c.source_id, c.release, c.gpu_type)),
+                                                       True))}
 
 
 SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"

@@ -6,12 +6,14 @@ All specs are frozen pydantic v2 models. Units are in the field names (``_bytes`
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full"]
+Finetune = Literal["full", "lora"]
+FINETUNE: tuple[str, ...] = get_args(Finetune)
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
 Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other"]
 Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
@@ -216,7 +218,7 @@ class ModelSpec(FrozenSpec):
     """Multi-head latent attention: value head width (None = head_dim)."""
     precision: Precision = "bf16"
     """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
-    finetune: Literal["full", "lora"] = "full"
+    finetune: Finetune = "full"
     """What the step trains: every weight ("full": pretraining, SFT) or low-rank adapters on frozen weights
     ("lora": LoRA, Hu et al. 2021, arXiv:2106.09685). Frozen weights get no weight gradient (the backward runs
     the data-gradient GEMMs only), no gradient reduction, no optimizer state and no optimizer step; the adapters

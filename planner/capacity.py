@@ -28,7 +28,7 @@ from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
 from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, checkpoint_bytes, estimate_goodput
 from costmodel.profiles import InputError, load_profile
-from costmodel.specs import PRECISION_ALIASES, ClusterSpec, ModelSpec
+from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, pareto_front, plan_at
 
@@ -177,9 +177,9 @@ def parse_vary(spec: str) -> tuple[str, list]:
     elif dim == "compression":
         values = [(c.name if (c := get_compression(v)) else "none") for v in raw]
     elif dim == "finetune":
-        bad = [v for v in raw if v.lower() not in ("full", "lora")]
+        bad = [v for v in raw if v.lower() not in FINETUNE]
         if bad:
-            raise InputError(f"--vary finetune: unknown value {bad[0]!r}; valid: full, lora")
+            raise InputError(f"--vary finetune: unknown value {bad[0]!r}; valid: {', '.join(FINETUNE)}")
         values = [v.lower() for v in raw]
     else:
         bad = [v for v in raw if v.lower() not in PRECISION_ALIASES]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.profiles import InputError
+from costmodel.specs import FINETUNE
 
 __all__ = ["HOST_SEQUENCES_PER_RANK", "CapacityRequest", "CheckRequest", "CheckTarget", "PlanNote", "PlanRequest",
            "Target", "native_precision", "scenarios_with_profile", "validate_profiles"]
@@ -146,9 +147,6 @@ class Target:
     """Sequences per step, given or defaulted."""
     profile: Any = None
     """The HardwareProfile autotune starts from (--profile there), or None: the cluster's."""
-
-
-FINETUNE = ("full", "lora")
 
 
 def with_finetune(model, finetune: str):

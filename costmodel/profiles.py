@@ -407,19 +407,60 @@ def _match_by_words(name: str, profiles: list[HardwareProfile]) -> list[Hardware
     return [p for p in gib if any(abs(mem * unit / p.memory_bytes.value - 1) <= 0.10 for unit in (1e9, 2**30))]
 
 
+# Words a system description wraps around the GPU's name ("AWS p5.48xlarge", "8x H100 per node"): dropped when
+# the spelling as written names no profile (:func:`_simpler_spellings`).
+_SYSTEM_NOISE = re.compile(r"\b(aws|ec2|gcp|google|cloud|azure|instance|instances|node|nodes|server|servers|per|"
+                           r"gpus?|cluster)\b", re.I)
+# A word that names another product than the SXM part (PCIe card, H100 NVL): such a spelling is never simplified
+# into an SXM profile's name.
+_OTHER_PRODUCT = re.compile(r"\b(pcie|nvl)\b", re.I)
+
+
+def _simpler_spellings(name: str) -> list[str]:
+    """Shorter spellings of a GPU description that names no profile as written, most of it first: without
+    its bracketed remarks but a memory size in them ("H100 (AWS p5)" -> "H100"), then each remark on its own ("p5.48xlarge (8x H100)" ->
+    "8x H100"), each without a GPU count ("8x", "1024 x") and system words (AWS, node, ...). None for a
+    spelling that names a PCIe or NVL part, which no SXM profile describes."""
+    if _OTHER_PRODUCT.search(name):
+        return []
+    remarks = re.findall(r"[\(\[]([^\)\]]*)[\)\]]", name)
+    # A memory size stated in a remark stays: "B200 (80GB)" is no B200.
+    sizes = re.findall(r"\d+\s*(?:gb|gib|g)\b", " ".join(remarks), flags=re.I)
+    parts = [" ".join([re.sub(r"[\(\[][^\)\]]*[\)\]]", " ", name), *sizes[:1]])] + remarks
+    out = []
+    for part in parts:
+        for text in (part, re.sub(r"(?<![a-z0-9])\d+\s*[x\u00d7]\s*(?=[a-z])", " ", part, flags=re.I)):
+            text = " ".join(_SYSTEM_NOISE.sub(" ", text).replace(",", " ").split())
+            if text and text != name and text not in out:
+                out.append(text)
+    return out
+
+
+def _find_profile(name: str, profiles: list[HardwareProfile]) -> list[HardwareProfile]:
+    """Profiles a spelling names: the one whose name or alias it is (case and punctuation ignored), else those
+    with its identifying words (:func:`_match_by_words`)."""
+    want = _norm(name)
+    for prof in profiles:
+        if want in {_norm(prof.name), *(_norm(a) for a in prof.aliases)}:
+            return [prof]
+    return _match_by_words(name, profiles)
+
+
 def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile:
     """A profile by file path, canonical name or alias (case and punctuation ignored), or by a spelling with
-    the same identifying words (vendor, module and memory-technology words aside: "NVIDIA H100 SXM5 80GB")."""
+    the same identifying words (vendor, module and memory-technology words aside: "NVIDIA H100 SXM5 80GB"),
+    or, failing those, by the GPU a system description names ("H100 (AWS p5)", "8x A100 80GB", "DGX H100
+    (8x H100 SXM)")."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return _load_profile_file(p.resolve())
-    want = _norm(name_or_path)
     paths = profile_paths(root)
     profiles = [_load_profile_file(path) for path in paths]
-    for prof in profiles:
-        if want in {_norm(prof.name), *(_norm(a) for a in prof.aliases)}:
-            return prof
-    hits = _match_by_words(name_or_path, profiles)
+    hits = _find_profile(name_or_path, profiles)
+    for simpler in ([] if hits else _simpler_spellings(name_or_path)):
+        hits = _find_profile(simpler, profiles)
+        if hits:
+            break
     if len(hits) == 1:
         return hits[0]
     names = [path.stem for path in paths]

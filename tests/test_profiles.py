@@ -175,6 +175,24 @@ def test_other_products_do_not_resolve(spelling):
         load_profile(spelling)
 
 
+@pytest.mark.parametrize("description, name", [
+    ("H100 (AWS p5)", "H100"), ("DGX H100 (8x H100 SXM)", "H100"), ("8x H100", "H100"), ("8 x A100 80GB", "A100-80GB"),
+    ("1024 \u00d7 A100 40GB", "A100-40GB"), ("p5.48xlarge (8x H100 80GB)", "H100"), ("AWS p5 (H100)", "H100"),
+    ("AWS p5.48xlarge", "H100"), ("p4d.24xlarge", "A100-40GB"), ("p4de.24xlarge", "A100-80GB"),
+    ("a3-megagpu-8g", "H100"), ("Standard_ND96isr_H200_v5", "H200"), ("a4x-highgpu-4g", "GB200"),
+    ("GH200 480GB", "GH200-96GB"), ("GH200 624GB", "GH200"), ("A100 80GB (x8)", "A100-80GB")])
+def test_system_descriptions_resolve_to_their_gpu(description, name):
+    """A GPU named inside a system description: bracketed remarks, GPU counts and cloud instance types."""
+    assert load_profile(description).name == name
+
+
+@pytest.mark.parametrize("description", ["H100 (PCIe)", "8x H100 PCIe", "H100 NVL (94GB)", "MI300X (8 per node)",
+                                         "B200 (80GB)"])
+def test_system_descriptions_of_other_products_do_not_resolve(description):
+    with pytest.raises(InputError, match="unknown GPU type"):
+        load_profile(description)
+
+
 def test_aliases_do_not_collide():
     owner: dict[str, str] = {}
     for path in profile_paths():

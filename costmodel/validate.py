@@ -243,6 +243,12 @@ def finetune_of(row: dict, assumed: list[str]) -> str:
     return "full"
 
 
+# Precision columns that say mixed precision without the format (or nothing): the default, bf16 (fp16 on a GPU
+# without bf16 arithmetic, load_cases).
+_VAGUE_PRECISION = ("unknown", "n/a", "na", "-", "mixed", "mixed precision", "mixed-precision", "amp mixed precision",
+                    "default")
+
+
 def precision_of(raw: str, assumed: list[str]) -> str:
     """The training precision a precision column names, however spelled: 'FP8 (delayed scaling)', 'FP8-hybrid',
     'fp8_e4m3', 'fp8-blockwise' -> fp8; 'MXFP8', 'fp8-mx' -> mxfp8; 'bf16 mixed', 'bfloat16' -> bf16; 'AMP fp16',
@@ -253,6 +259,9 @@ def precision_of(raw: str, assumed: list[str]) -> str:
     key = text.lower()
     if not key:
         assumed.append("precision=bf16")
+        return "bf16"
+    if key in _VAGUE_PRECISION:
+        assumed.append(f"precision=bf16 (the row says {text!r})")
         return "bf16"
     if key in PRECISION_ALIASES:
         return key
@@ -440,6 +449,11 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
+            if not profile.supports(model.precision) and any(a.startswith("precision=bf16") for a in assumed):
+                # Mixed precision on a GPU without bf16 arithmetic (V100) is fp16.
+                model = model.model_copy(update={"precision": "fp16"})
+                assumed[:] = [a.replace("precision=bf16", "precision=fp16", 1) if a.startswith("precision=bf16")
+                              else a for a in assumed]
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
         except ValidationError as exc:

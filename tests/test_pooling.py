@@ -204,6 +204,26 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     assert [x.plan.zero_stage for x in cases[3:]] == [3, 3, 3]
 
 
+def test_a_precision_column_that_names_no_format_is_bf16_or_fp16_without_bf16(tmp_path):
+    """'mixed precision' / 'unknown' say no format: bf16, and fp16 on V100 (no bf16 arithmetic); the row is
+    predicted as the blank column is, and says what was assumed."""
+    import csv
+
+    rows = list(csv.DictReader(DATA.open()))
+    v100 = next(r for r in rows if r["scored"] == "true" and r["gpu_type"].startswith("V100"))
+    h100 = next(r for r in rows if r["scored"] == "true" and r["gpu_type"] == "H100" and r["precision"] == "bf16")
+    out = [{**r, "precision": p} for r in (v100, h100) for p in ("", "mixed precision", "Unknown")]
+    path = tmp_path / "vague.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(out)
+    cases, errors = load_cases(path)
+    assert errors == [] and [c.model.precision for c in cases] == ["fp16"] * 3 + ["bf16"] * 3
+    assert any("precision=fp16 (the row says 'mixed precision')" in a for a in cases[1].assumed)
+    assert any("precision=bf16 (the row says 'Unknown')" in a for a in cases[5].assumed)
+
+
 def test_a_published_run_over_the_usable_margin_but_within_the_gpu_fits():
     """A run that ran needs only the GPU's memory, not the planner's usable 95% of it: GPT-3 175B of NeMo
     24.07 at sequence 2,560 (recompute as published) peaks at 97.7% of an H100's 80 GiB."""

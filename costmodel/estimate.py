@@ -389,6 +389,8 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     stage_f = n_dense * col(lt.dense_f) + n_moe * col(lt.moe_f)
     stage_b = n_dense * col(lt.dense_b) + n_moe * col(lt.moe_b)
     stage_rec = rec_frac * (n_dense * col(lt.rec_dense) + n_moe * col(lt.rec_moe))
+    st.off_f, st.off_b = _offload_exposed(c, lt, st)
+    stage_f, stage_b = stage_f + st.off_f, stage_b + st.off_b
 
     # Edge stages: embedding on the first, LM head + cross-entropy on the last.
     logit_flops = 2.0 * tokens * h * model.vocab / tp
@@ -426,6 +428,50 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     st.stage_time = stage_f + stage_b + stage_rec + col(st.p2p_stage)
     st.pipe_s, st.bubble_s = pipeline.pipeline_time_s(st.stage_time, st.stages.weight, c.m, vpp)
     return st
+
+
+def _offloaded_layers(c: SimpleNamespace, st: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) layers per stage whose activations go to host memory: with recompute='offload' (pp 1) the
+    first ``recompute_layers`` of the model (megatron-core --cpu-offloading-num-layers; unset: all but the
+    last), the dense ones first; zero for every other plan."""
+    a = c.a
+    k = np.where(a.recompute[:, None] == 3,
+                 np.where(a.recompute_layers[:, None] < 0, st.SL - 1.0, np.minimum(a.recompute_layers[:, None], st.SL)),
+                 0.0)
+    k = np.maximum(k, 0.0)
+    k_dense = np.minimum(k, st.n_dense)
+    return k_dense, k - k_dense
+
+
+def _layer_activation_bytes(c: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes one dense / MoE layer keeps for its backward per micro-batch without recomputation."""
+    model, fw, n = c.model, c.fw, c.n
+    zeros = np.zeros(n)
+    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, zeros, fw["flash"], False, c.fp8)
+    moe = (memory.layer_activation_bytes(model, c.tokens * c.moe_imbalance, c.tp, c.sp, zeros, fw["flash"], True,
+                                         c.fp8) if model.is_moe else zeros)
+    return dense * (c.eb / 2.0), moe * (c.eb / 2.0)
+
+
+def _offload_exposed(c: SimpleNamespace, lt: SimpleNamespace, st: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
+    """Forward / backward seconds per micro-batch that activation offloading adds to a stage: each offloaded
+    layer's activations cross the host link (HardwareProfile.host_link_bandwidth_bytes_per_s) one layer at a
+    time, out while the next layer computes its forward and back in before the layer's own backward
+    (Transformer Engine's CPU-offload handler behind megatron-core --cpu-offloading, which prefetches one
+    layer ahead); a copy that takes longer than the layer it hides behind shows. Infinite without a known host
+    link."""
+    k_dense, k_moe = _offloaded_layers(c, st)
+    if not (k_dense.any() or k_moe.any()):
+        return np.zeros_like(k_dense), np.zeros_like(k_dense)
+    link = c.prof.host_link_bandwidth_bytes_per_s
+    bw = link.value if link is not None else 0.0
+    b_dense, b_moe = _layer_activation_bytes(c)
+    with np.errstate(divide="ignore"):
+        t_dense, t_moe = b_dense / bw, b_moe / bw
+    col = _col
+    exp_f = (k_dense * col(np.maximum(t_dense - lt.dense_f, 0.0)) + k_moe * col(np.maximum(t_moe - lt.moe_f, 0.0)))
+    exp_b = (k_dense * col(np.maximum(t_dense - lt.dense_b, 0.0)) + k_moe * col(np.maximum(t_moe - lt.moe_b, 0.0)))
+    return exp_f, exp_b
 
 
 def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
@@ -556,6 +602,10 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
                       + (SL - rl) * (n_dense / np.maximum(SL, 1) * col(act_none_dense)
                                      + n_moe / np.maximum(SL, 1) * col(act_none_moe)),
                       n_dense * col(act_dense) + n_moe * col(act_moe))
+    # Offloaded layers (recompute='offload') keep nothing on the GPU but the layer in transit.
+    k_dense, k_moe = _offloaded_layers(c, st)
+    per_mb = per_mb - k_dense * col(act_none_dense) - k_moe * col(act_none_moe) \
+        + np.where(k_dense + k_moe > 0, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     inflight = pipeline.in_flight_microbatches(c.pp, c.vpp, c.m, st.stages.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
@@ -657,8 +707,9 @@ def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.nda
         "bubble_s": st.bubble_s,
         "compute_s": m_col * (st.stage_f + st.stage_b)[rows, i_max] - m_col * (
             n_dense * col(2 * lt.t_tp_exposed + lt.cp_exp_f + lt.cp_exp_b)
-            + n_moe * col(2 * lt.t_tp_exposed_moe + 2 * lt.t_a2a))[rows, i_max],
+            + n_moe * col(2 * lt.t_tp_exposed_moe + 2 * lt.t_a2a) + st.off_f + st.off_b)[rows, i_max],
         "recompute_s": m_col * st.stage_rec[rows, i_max],
+        "offload_s": m_col * (st.off_f + st.off_b)[rows, i_max],
         "tp_comm_exposed_s": m_col * (n_dense * per_layer_tp + n_moe * col(2 * lt.t_tp_exposed_moe))[rows, i_max],
         "cp_comm_exposed_s": m_col * (SL * col(lt.cp_exp_f + lt.cp_exp_b))[rows, i_max],
         "ep_comm_exposed_s": m_col * (n_moe * col(2 * lt.t_a2a))[rows, i_max],
@@ -716,7 +767,7 @@ def estimate_arrays(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, *,
                         moe_imbalance=moe_imbalance, grad_compression=grad_compression)
 
 
-BREAKDOWN_KEYS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
+BREAKDOWN_KEYS = ("compute_s", "recompute_s", "offload_s", "bubble_s", "tp_comm_exposed_s", "cp_comm_exposed_s",
                   "ep_comm_exposed_s", "pp_comm_exposed_s", "dp_comm_exposed_s", "optimizer_s", "straggler_s")
 
 

@@ -76,7 +76,8 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
 
     ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence); ``recompute`` codes:
-    0 none, 1 selective, 2 full. Selective follows megatron-core's ``--recompute-modules`` for
+    0 none, 1 selective, 2 full, 3 offload (a layer keeps what it keeps without recompute; what offloading
+    moves to the host is costmodel.estimate.stage_memory's business). Selective follows megatron-core's ``--recompute-modules`` for
     flash-attention models (core_attn, layernorm, the MLP / MoE activation): the LayerNorm outputs
     (the GEMM inputs) and the activation-function output are recomputed instead of stored. Without
     flash attention selective recompute removes the 5*a*s^2*b score terms (Korthikanti Sec. 4.2).
@@ -114,7 +115,7 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
         # Korthikanti Table 2: 5*a*s^2*b/t for the materialised scores (softmax output, dropout mask
         # and output); selective recomputation removes exactly this term.
         scores = 5.0 * model.heads * tokens * model.seq_len / t
-        act = act + np.where(rc >= 1, 0.0, scores)
+        act = act + np.where((rc == 1) | (rc == 2), 0.0, scores)
     full_input = tokens * 2 * h / np.where(sp, t, 1.0)
     return np.where(rc == 2, full_input, act)
 

@@ -17,7 +17,7 @@ from pydantic import model_validator
 
 from costmodel.specs import Count, Count0, Framework, FrozenSpec, RecomputeMode
 
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2, "offload": 3}
 """Activation recomputation as the integer code of PlanArrays.recompute."""
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODE.items()}
 """The inverse of RECOMPUTE_CODE."""
@@ -95,9 +95,12 @@ class ParallelPlan(FrozenSpec):
     global_batch: Count
     """Global batch size (sequences per optimizer step)."""
     recompute: RecomputeMode = "selective"
-    """Activation recomputation: none, selective (attention core), full (whole layers)."""
+    """What saves activation memory: nothing (none), recomputation of the attention core and element-wise
+    kernels (selective) or of whole layers (full), or offloading layers' activations to host memory (offload:
+    megatron-core --cpu-offloading; pp 1 only, without recomputation)."""
     recompute_layers: Count0 | None = None
-    """With full recompute: layers per stage recomputed (None = all)."""
+    """With full recompute: layers per stage recomputed (None = all). With offload: layers whose activations
+    go to host memory (None = all but the last, the most megatron-core allows)."""
     distributed_optimizer: bool = True
     """Megatron distributed optimizer (ZeRO-1 style optimizer-state sharding over dp x cp)."""
     zero_stage: Literal[0, 1, 2, 3] = 1

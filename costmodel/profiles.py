@@ -154,6 +154,10 @@ class HardwareProfile(FrozenSpec):
     curve fitted to them: gemm_max_efficiency and gemm_half_efficiency_dim)."""
     nvlink_bandwidth_bytes_per_s: Sourced
     """Unidirectional NVLink bandwidth per GPU."""
+    host_link_bandwidth_bytes_per_s: Sourced | None = None
+    """Unidirectional bandwidth between one GPU and host memory (PCIe, or NVLink-C2C on Grace superchips, shared
+    by the GPUs of a superchip): what activation offloading (recompute='offload') streams over. None: not
+    known, and plans do not offload on this GPU."""
     nvlink_domain_gpus: int = Field(default=8, ge=1)
     """GPUs per NVLink domain in the reference system."""
     nvls: bool = False

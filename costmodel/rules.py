@@ -583,7 +583,27 @@ def _stage_layers(model: ModelSpec, plan: ParallelPlan) -> int:
     return model.layers // plan.pp
 
 
+def _offload_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py:1137-1153):
+    CPU offloading needs pipeline parallelism off and no recomputation (the plan's recompute is 'offload'), and
+    offloads fewer layers than the model has."""
+    out: list[str] = []
+    if plan.pp > 1:
+        out.append(f"recompute='offload' needs pp=1 but pp={plan.pp} (megatron-core: \"Currently there is no support "
+                   f"for Pipeline parallelism with CPU offloading\"); valid: pp=1, or recompute none/selective/full")
+    if plan.recompute_layers is not None and not 1 <= plan.recompute_layers < model.layers:
+        out.append(f"recompute_layers={plan.recompute_layers} offloaded layers: megatron-core offloads 1 to "
+                   f"{model.layers - 1} of the {model.layers} layers; valid: 1..{model.layers - 1} or None "
+                   f"({model.layers - 1})")
+    if plan.framework != "megatron-core":
+        out.append(f"recompute='offload' is megatron-core's --cpu-offloading, not {plan.framework}'s; valid: "
+                   f"framework='megatron-core'")
+    return out
+
+
 def _recompute_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    if plan.recompute == "offload":
+        return _offload_violations(model, plan)
     if plan.recompute_layers is None:
         return []
     out: list[str] = []

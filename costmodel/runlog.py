@@ -275,6 +275,9 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
         recompute = gran
         if gran == "full" and a.get("recompute_method") == "block":
             layers = a.int("recompute_num_layers", default=1) * vpp
+    elif a.flag("cpu_offloading") and a.int("cpu_offloading_num_layers", default=0):
+        # megatron-core --cpu-offloading (activations to host memory; Megatron-Bridge's FSDP recipes).
+        recompute, layers = "offload", a.int("cpu_offloading_num_layers")
     strategy = str(a.get("data_parallel_sharding_strategy", default="optim_grads_params"))
     fsdp = a.flag("use_megatron_fsdp", "use_custom_fsdp", "use_torch_fsdp2")
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (

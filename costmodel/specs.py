@@ -11,7 +11,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
-RecomputeMode = Literal["none", "selective", "full"]
+RecomputeMode = Literal["none", "selective", "full", "offload"]
 Finetune = Literal["full", "lora"]
 FINETUNE: tuple[str, ...] = get_args(Finetune)
 Topology = Literal["fat-tree", "rail-optimised", "torus"]

@@ -322,9 +322,13 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     else:
         sp = framework == "megatron-core" and tp > 1
         assumed.append(f"sequence_parallel={sp}")
-    rc_raw = recompute_named((row.get("recompute") or "").strip().lower())
-    known = rc_raw in ("none", "selective", "full")
+    rc_text = (row.get("recompute") or "").strip().lower()
+    rc_raw = recompute_named(rc_text)
+    known = rc_raw in ("none", "selective", "full", "offload")
     recompute = rc_raw if known else ("full" if framework == "megatron-lm-2020" else "none")
+    # 'offload (40 layers)', 'cpu_offloading_num_layers=40': the layers offloaded; unsaid, all but the last.
+    m_off = re.search(r"(\d+)", rc_text) if recompute == "offload" else None
+    offload_layers = int(m_off.group(1)) if m_off else None
     if framework == "megatron-lm-2020" and not known:
         known = True
         assumed.append("recompute=full (Megatron-LM 2020 examples checkpoint activations)")
@@ -340,7 +344,8 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
                        f"the last takes the remainder with the loss)")
     plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
-                        global_batch=gbs, recompute=recompute, distributed_optimizer=distopt or fsdp,
+                        global_batch=gbs, recompute=recompute, recompute_layers=offload_layers,
+                        distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
     return plan, known
 
@@ -350,10 +355,13 @@ _NO = ("false", "no", "n", "0", "off", "disabled")
 
 
 def recompute_named(text: str) -> str:
-    """none / selective / full for the ways a recompute column says them ('yes', 'activation checkpointing',
-    'full (uniform, 1 layer)', 'selective (core attn)', 'off'); anything else (blank, 'unknown') unchanged."""
+    """none / selective / full / offload for the ways a recompute column says them ('yes', 'activation
+    checkpointing', 'full (uniform, 1 layer)', 'selective (core attn)', 'off', 'cpu offloading'); anything else
+    (blank, 'unknown') unchanged."""
     if text in _NO or text == "none":
         return "none"
+    if "offload" in text:
+        return "offload"
     if "selective" in text or "core attn" in text or "core_attn" in text:
         return "selective"
     if text in _YES or re.search(r"full|checkpoint|uniform|block|recompute", text):
@@ -473,13 +481,25 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
     return cases, errors
 
 
-def recompute_options(plan: ParallelPlan, model: ModelSpec) -> list[ParallelPlan]:
-    """What a framework user tries, in order, until the run fits: no recompute, selective, then full
-    recompute of a growing number of layers per stage (Megatron --recompute-num-layers), then all."""
+# Shares of the layers an unknown activation-memory setting may offload (recompute_options).
+OFFLOAD_SHARES = (0.125, 0.25, 0.5, 0.75)
+
+
+def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwareProfile | None = None
+                      ) -> list[ParallelPlan]:
+    """What a framework user tries, in order, until the run fits: no recompute; with megatron-core at pp 1 on a
+    GPU whose host link is known, offloading a growing share of the layers' activations to host memory
+    (--cpu-offloading-num-layers); selective; then full recompute of a growing number of layers per stage
+    (Megatron --recompute-num-layers), then all. :func:`predict_case` takes the fastest that fits."""
     per_stage = max(1, model.layers // plan.pp)
     chunk = max(1, per_stage // plan.vpp)
-    opts = [plan.model_copy(update={"recompute": "none", "recompute_layers": None}),
-            plan.model_copy(update={"recompute": "selective", "recompute_layers": None})]
+    opts = [plan.model_copy(update={"recompute": "none", "recompute_layers": None})]
+    if (plan.pp == 1 and plan.framework == "megatron-core" and profile is not None
+            and profile.host_link_bandwidth_bytes_per_s is not None):
+        ks = sorted({max(1, int(round(model.layers * f))) for f in OFFLOAD_SHARES} | {model.layers - 1})
+        opts += [plan.model_copy(update={"recompute": "offload", "recompute_layers": k})
+                 for k in ks if 1 <= k < model.layers]
+    opts.append(plan.model_copy(update={"recompute": "selective", "recompute_layers": None}))
     for frac in (0.125, 0.25, 0.5, 0.75):
         k = max(1, int(round(chunk * frac)))
         if k < chunk:
@@ -500,17 +520,29 @@ def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
 
 
 def _describe_recompute(plan: ParallelPlan) -> str:
-    if plan.recompute == "full" and plan.recompute_layers is not None:
-        return f"full:{plan.recompute_layers}"
+    if plan.recompute in ("full", "offload") and plan.recompute_layers is not None:
+        return f"{plan.recompute}:{plan.recompute_layers}"
     return plan.recompute
 
 
+def _fastest_fitting(fits: np.ndarray, step_s: np.ndarray, n_base: int) -> int:
+    """The option a published run most likely used: the fastest of the layout as published that fits; failing
+    that, the fastest sharding fallback that fits; failing that, the last option as published (it does not
+    fit)."""
+    for lo, hi in ((0, n_base), (n_base, len(fits))):
+        ok = np.flatnonzero(fits[lo:hi])
+        if ok.size:
+            return lo + int(ok[np.argmin(np.asarray(step_s)[lo:hi][ok])])
+    return n_base - 1
+
+
 def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
-    """Predict one case; an unknown recompute setting takes the least recompute that fits."""
+    """Predict one case; an unknown recompute setting (recompute_options) takes the fastest that fits: a
+    published run was tuned by the people who ran it."""
     prof = profile or load_profile(case.cluster.gpu)
-    base = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model)
+    base = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model, prof)
     plans = base + [q for p in sharding_fallbacks(case.plan)
-                    for q in ([p] if case.recompute_known else recompute_options(p, case.model))]
+                    for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     fits = out["fits"]
@@ -524,9 +556,9 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         if fits.any():
             assumed.append(f"peak memory {peaks[int(np.argmax(fits))] / 1e9:.1f} GB is above the planner's usable "
                            f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
-    idx = int(np.argmax(fits)) if fits.any() else len(base) - 1
+    idx = _fastest_fitting(fits, out["step_time_s"], len(base))
     if not case.recompute_known:
-        assumed.append(f"recompute={_describe_recompute(plans[idx])} (least that fits)")
+        assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     peak = out["peak_memory_bytes"][idx]

@@ -63,6 +63,11 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
                   recompute_num_layers=1 if layers is None else max(1, layers))
     elif plan.recompute == "selective":
         kw.update(recompute_granularity="selective")
+    elif plan.recompute == "offload":
+        # megatron-core ModelParallelConfig.cpu_offloading (activations, through Transformer Engine's offload
+        # context); at most all layers but the last.
+        kw.update(cpu_offloading=True, cpu_offloading_num_layers=(plan.recompute_layers if plan.recompute_layers
+                                                                  is not None else model.layers - 1))
     cls = TransformerConfig
     if model.mla_kv_lora_rank:
         cls = MLATransformerConfig

@@ -267,7 +267,11 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         moves.append(("zero", {"zero_stage": 3, "distributed_optimizer": True, "pp": 1, "vpp": 1, "dp": dp1}))
 
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
-    recs = [plan.recompute] + [r for r in ("none", "selective", "full") if r != plan.recompute]
+    from planner.space import offload_searched
+
+    # Offloading (pp 1; violations() drops it elsewhere) where the GPU's host link is known.
+    kinds = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
+    recs = [plan.recompute] + [r for r in kinds if r != plan.recompute]
     seen = {_key(plan)}
     out: list[Candidate] = []
 
@@ -485,7 +489,7 @@ class _Diagnosis:
                                  "no neighbouring plan needs less memory")]
         if mem < THRESHOLDS["memory_low"]:
             # Only the knobs the finding is about: a larger micro-batch and/or lighter recompute.
-            rc = {"none": 0, "selective": 1, "full": 2}
+            rc = {"none": 0, "selective": 1, "offload": 1.5, "full": 2}   # lighter first
             more = np.array([c.family == "knobs" and c.plan.micro_batch >= plan.micro_batch
                              and rc[c.plan.recompute] <= rc[plan.recompute] for c in self.cands], dtype=bool)
             idx = self.best("memory_low", mask=more, extra=lambda v: v <= THRESHOLDS["memory_high"])

@@ -343,7 +343,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
     #   group.add_argument('--global-batch-size', type=int, default=None, ...).
     f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
-    _recompute_flags(plan, f)
+    _recompute_flags(plan, f, model.layers)
     _precision_flags(model, f, fp8_recipe)
     if model.finetune == "lora":
         # pretrain_gpt.py has no adapters: LoRA runs through Megatron-Bridge / NeMo PEFT on the same layout.
@@ -477,8 +477,15 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
                      f"{_DEFAULT_ORDER} and, with --use-tp-pp-dp-mapping, {_TP_PP_DP_ORDER})")
 
 
-def _recompute_flags(plan: ParallelPlan, f: _Flags) -> None:
-    """Activation recomputation."""
+def _recompute_flags(plan: ParallelPlan, f: _Flags, layers: int) -> None:
+    """Activation recomputation, or offloading (``layers``: the model's, for offloading all but the last)."""
+    # arguments.py (generated from TransformerConfig / ModelParallelConfig): '--cpu-offloading',
+    #   '--cpu-offloading-num-layers' ("the number of transformer layers for which activations has to be
+    #   offloaded"); cpu_offloading_activations defaults to True, cpu_offloading_weights to False.
+    if plan.recompute == "offload":
+        k = plan.recompute_layers if plan.recompute_layers is not None else layers - 1
+        f.out += ["--cpu-offloading", f"--cpu-offloading-num-layers {k}"]
+        return
     # arguments.py _add_training_args: '--recompute-granularity' choices=['full', 'selective'],
     #   '--recompute-method' choices=['uniform', 'block'], '--recompute-num-layers' ("2) block: the
     #   number of individual Transformer layers to recompute within each pipeline stage").
@@ -640,6 +647,8 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
         out["global_batch"] = _int(f, "--global-batch-size")
 
     gran = f.get("--recompute-granularity")
+    if "--cpu-offloading" in f:
+        gran = "offload"
     if gran is None and "--recompute-activations" in f:
         gran = "selective"  # validate_args: "if args.recompute_activations: recompute_granularity = 'selective'"
     if gran == "full":
@@ -650,6 +659,11 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
             out["recompute_layers"] = None
     elif gran == "selective":
         out["recompute"] = "selective"
+    elif gran == "offload":
+        out["recompute"] = "offload"
+        k = _int(f, "--cpu-offloading-num-layers", 0) or None
+        # All layers but the last is the plan's default (recompute_layers None).
+        out["recompute_layers"] = None if k is not None and num_layers is not None and k == num_layers - 1 else k
     else:
         out["recompute"] = "none"
 

@@ -307,6 +307,13 @@ class CheckRequest(PlanRequest):
                             global_batch=gbs, recompute=self.recompute, recompute_layers=self.recompute_layers,
                             distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps)
         check_plan(model, plan, cluster.num_gpus)
+        if plan.recompute == "offload":
+            from costmodel.profiles import load_profile
+
+            if load_profile(cluster.gpu).host_link_bandwidth_bytes_per_s is None:
+                raise InputError(f"--recompute offload: GPU profile {cluster.gpu} has no host_link_bandwidth_bytes_per_s "
+                                 f"(the GPU-to-host link activations would stream over); valid: --recompute none, "
+                                 f"selective or full, or a profile that states its host link")
         if lps is not None and layout is None:
             from costmodel.plan import megatron_layout
 

@@ -78,12 +78,24 @@ def layout(p: dict) -> str:
     return " ".join(parts)
 
 
+def offload_searched(cluster: ClusterSpec) -> bool:
+    """Whether the search tries activation offloading (recompute='offload'): where the GPU's host link is
+    known (HardwareProfile.host_link_bandwidth_bytes_per_s)."""
+    from costmodel.profiles import load_profile
+
+    return load_profile(cluster.gpu).host_link_bandwidth_bytes_per_s is not None
+
+
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
-                      recompute: tuple[str, ...] = ("none", "selective", "full"),
+                      recompute: tuple[str, ...] | None = None,
                       zero_stages: tuple[int, ...] = ZERO_STAGES) -> dict[str, np.ndarray]:
     """All combinations of degrees and knobs (before the rules); ZeRO stages >= 2 only where they shard
-    something (dp*cp > 1) and Megatron-FSDP runs (pp = 1)."""
+    something (dp*cp > 1) and Megatron-FSDP runs (pp = 1). ``recompute`` defaults to none, selective, full and,
+    where the GPU's host link is known, offload (of all layers but the last; pp = 1 only, as megatron-core
+    allows)."""
+    if recompute is None:
+        recompute = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
     bad = sorted(set(zero_stages) - {0, 1, 2, 3})
     if bad or not zero_stages:
         from costmodel.profiles import InputError
@@ -114,6 +126,8 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
             vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]
         zeros = [z for z in zero_stages if z < 2 or (pp == 1 and dp * cp > 1)]
         for vpp, mbs, rc, zero in itertools.product(vpps, micro_batches, recompute, zeros):
+            if rc == "offload" and pp > 1:
+                continue
             rows.append((tp, pp, vpp, dp, cp, ep, mbs, RECOMPUTE_CODE[rc], uneven, zero))
     names = ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch", "recompute", "uneven", "zero_stage")
     if not rows:

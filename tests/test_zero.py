@@ -257,7 +257,7 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
 
     assert layout({**rows[0]["plan"], "zero_stage": 3}).endswith(" fsdp")
     assert layout({**rows[0]["plan"], "zero_stage": 1}).split()[-1] != "fsdp"
-    _, _, full, _ = big405
+    model, cluster, full, _ = big405
     from planner.report import plan_row, ranked_table
 
     table = ranked_table([plan_row(full, r) for r in range(3)], "405b")
@@ -265,9 +265,17 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
 
     con = Console(width=200, record=True)
     con.print(table)
-    # Memory binds on 128 H100: the best layouts shard weights (tp4 pp1 dp32 with FSDP; tp2 dp64, the layout
-    # published on 128 GB200 with 186 GB each, does not fit 80 GB once two unsharded layers are counted).
-    assert "tp4 pp1 dp32 fsdp" in con.export_text()
+    # Memory binds on 128 H100: the best layouts shard weights with FSDP and offload activations to host memory
+    # (tp2 dp64, the layout published on 128 GB200 with 186 GB each, does not fit 80 GB with full recompute once
+    # two unsharded layers are counted; with all but one layer's activations offloaded it does).
+    text = con.export_text()
+    assert "tp2 pp1 dp64 fsdp" in text and "offload" in text
+    best = full.plan(0)
+    assert (best.tp, best.dp, best.zero_stage, best.recompute) == (2, 64, 3, "offload")
+    full_rc = best.model_copy(update={"recompute": "full", "recompute_layers": None})
+    from costmodel.estimate import estimate
+
+    assert not estimate(model, cluster, full_rc).fits and estimate(model, cluster, best).fits
 
 
 def test_fsdp_unsharded_buffers_follow_megatron_core(monkeypatch):

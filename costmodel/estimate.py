@@ -602,10 +602,11 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
                       + (SL - rl) * (n_dense / np.maximum(SL, 1) * col(act_none_dense)
                                      + n_moe / np.maximum(SL, 1) * col(act_none_moe)),
                       n_dense * col(act_dense) + n_moe * col(act_moe))
-    # Offloaded layers (recompute='offload') keep nothing on the GPU but the layer in transit.
+    # Offloaded layers (recompute='offload') keep nothing on the GPU but the layer in transit; host memory holds
+    # the rest of one micro-batch (pp 1: one in flight).
     k_dense, k_moe = _offloaded_layers(c, st)
-    per_mb = per_mb - k_dense * col(act_none_dense) - k_moe * col(act_none_moe) \
-        + np.where(k_dense + k_moe > 0, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
+    offloaded = k_dense * col(act_none_dense) + k_moe * col(act_none_moe)
+    per_mb = per_mb - offloaded + np.where(k_dense + k_moe > 0, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     inflight = pipeline.in_flight_microbatches(c.pp, c.vpp, c.m, st.stages.index)
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
@@ -646,7 +647,11 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem.buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     mem.peak = np.where(st.valid, live + mem.buffers, 0.0)
     mem.capacity = c.prof.memory_bytes.value * c.prof.usable_memory_fraction
-    mem.fits = (mem.peak <= mem.capacity).all(axis=1)
+    mem.host = np.where(st.valid, offloaded * (eb / 2.0), 0.0)
+    host = c.prof.host_memory_bytes
+    host_cap = host.value * memory.HOST_USABLE_FRACTION if host is not None else np.inf
+    mem.host_fits = (mem.host <= host_cap).all(axis=1)
+    mem.fits = (mem.peak <= mem.capacity).all(axis=1) & mem.host_fits
     return mem
 
 
@@ -725,8 +730,10 @@ def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.nda
         "optimizer_bytes": mem.optim[rows, 0],
         "activations_bytes": mem.activations[rows, 0],
         "buffers_bytes": mem.buffers[rows, 0],
+        "host_offload_bytes": mem.host[rows, 0],
         "memory_capacity_bytes": np.full(n, mem.capacity),
         "fits": mem.fits,
+        "host_fits": mem.host_fits,
         "model_flops_per_step": mflops,
         "tokens_per_s_per_gpu": a.global_batch * c.s / (step * world),
         "mfu": mfu(mflops, step, world, c.prof.peak(c.dtype)),
@@ -789,7 +796,7 @@ def to_step_estimate(out: dict[str, np.ndarray], i: int = 0) -> StepEstimate:
         fits=bool(out["fits"][i]),
         memory_breakdown_bytes={k.removesuffix("_bytes"): float(out[k][i]) for k in
                                 ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                                 "buffers_bytes")},
+                                 "buffers_bytes", "host_offload_bytes")},
     )
 
 

@@ -57,6 +57,10 @@ LOGITS_BYTES_TE_FUSED = 2.0
 LOGITS_BYTES_UNFUSED = 6.0
 # Caching-allocator fragmentation on top of the live tensors.
 FRAGMENTATION = 0.05
+# Share of a GPU's host memory (HardwareProfile.host_memory_bytes) that offloaded activations may take: the
+# rest holds the OS, the data loader workers, pinned staging buffers and the checkpoint copies (an assumption,
+# not measured; Megatron-Bridge's Llama 3 70B GB200 recipe offloads 40 layers, about 60% of the 240 GB).
+HOST_USABLE_FRACTION = 0.8
 
 
 def activation_element_bytes(precision: str) -> float:

@@ -158,6 +158,9 @@ class HardwareProfile(FrozenSpec):
     """Unidirectional bandwidth between one GPU and host memory (PCIe, or NVLink-C2C on Grace superchips, shared
     by the GPUs of a superchip): what activation offloading (recompute='offload') streams over. None: not
     known, and plans do not offload on this GPU."""
+    host_memory_bytes: Sourced | None = None
+    """Host (CPU) memory per GPU in the reference system (system memory / GPUs per node, or per superchip):
+    what activation offloading may fill (costmodel.memory.HOST_USABLE_FRACTION of it). None: not checked."""
     nvlink_domain_gpus: int = Field(default=8, ge=1)
     """GPUs per NVLink domain in the reference system."""
     nvls: bool = False

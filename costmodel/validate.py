@@ -545,18 +545,16 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
                     for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
-    fits = out["fits"]
     assumed = list(case.assumed)
-    if not fits.any():
-        # The run ran, so what it must fit is the GPU's memory, not the planner's usable share of it
-        # (HardwareProfile.usable_memory_fraction, a margin for plans not yet run).
-        peaks = np.nan_to_num(np.asarray(out["peak_memory_bytes"], dtype=float).reshape(len(plans), -1),
-                              nan=-np.inf).max(axis=1)
-        fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value)
-        if fits.any():
-            assumed.append(f"peak memory {peaks[int(np.argmax(fits))] / 1e9:.1f} GB is above the planner's usable "
-                           f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
+    # The run ran, so what it had to fit is the GPU's memory (and the host's, for offloaded activations), not the
+    # planner's usable share of it (HardwareProfile.usable_memory_fraction, a margin for plans not yet run).
+    peaks = np.nan_to_num(np.asarray(out["peak_memory_bytes"], dtype=float).reshape(len(plans), -1),
+                          nan=-np.inf).max(axis=1)
+    fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value) & out["host_fits"]
     idx = _fastest_fitting(fits, out["step_time_s"], len(base))
+    if fits[idx] and not out["fits"][idx]:
+        assumed.append(f"peak memory {peaks[idx] / 1e9:.1f} GB is above the planner's usable "
+                       f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
     if not case.recompute_known:
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:

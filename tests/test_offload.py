@@ -45,28 +45,53 @@ def _est(model, cluster, plan, bw=None, **upd):
     return estimate(model, cluster, plan.model_copy(update=upd), profile=prof)
 
 
+def _layer_bytes(model, cluster, plan):
+    from costmodel.estimate import _context, _layer_activation_bytes
+    from costmodel.plan import PlanArrays
+
+    c = _context(model, cluster, PlanArrays.from_plans([plan]), load_profile("GB200"), "megatron-core", 1.0, None)
+    return float(_layer_activation_bytes(c)[0][0])
+
+
 def test_offloaded_layers_leave_the_gpu_and_their_copies_show_where_slower_than_the_layer():
     model, cluster, plan = _fsdp_70b_gb200()
     none = _est(model, cluster, plan, recompute="none", recompute_layers=None)
     full = _est(model, cluster, plan, recompute="full", recompute_layers=None)
-    off = _est(model, cluster, plan, recompute="offload", recompute_layers=60)
-    # 60 of 80 layers' activations gone but one in transit: about 59/80 of the activations.
-    act_none, act_off = none.memory_breakdown_bytes["activations"], off.memory_breakdown_bytes["activations"]
-    logits_and_work = act_none - act_off
-    assert 0.70 < logits_and_work / act_none < 0.75
+    off = _est(model, cluster, plan, recompute="offload", recompute_layers=50)
+    layer = _layer_bytes(model, cluster, plan.model_copy(update={"recompute": "offload"}))
+    assert 3e9 < layer < 4.5e9                      # one 8k x 2 micro-batch layer at tp1 with fp8 GEMM inputs
+    # 50 of 80 layers' activations leave the GPU but one in transit, and wait in host memory.
+    assert none.memory_breakdown_bytes["activations"] - off.memory_breakdown_bytes["activations"] == \
+        pytest.approx(49 * layer, rel=1e-9)
+    assert off.memory_breakdown_bytes["host_offload"] == pytest.approx(50 * layer, rel=1e-9)
+    assert none.memory_breakdown_bytes["host_offload"] == 0.0
     assert not none.fits and off.fits
-    # On the 225 GB/s C2C link a layer's copy (about 4 GB) outlasts its forward, not its backward.
+    # On the 225 GB/s C2C link a layer's copy outlasts its forward, not its backward.
     assert off.breakdown_s["offload"] > 0 and off.breakdown_s["recompute"] == 0
     assert none.step_time_s < off.step_time_s < full.step_time_s
     # A link fast enough hides every copy: the step of no recompute; half the link shows more than twice as much.
-    fast = _est(model, cluster, plan, bw=1e15, recompute="offload", recompute_layers=60)
+    fast = _est(model, cluster, plan, bw=1e15, recompute="offload", recompute_layers=50)
     assert fast.breakdown_s["offload"] == 0.0
     assert fast.step_time_s == pytest.approx(none.step_time_s, rel=1e-3)
-    slow = _est(model, cluster, plan, bw=112.5e9, recompute="offload", recompute_layers=60)
+    slow = _est(model, cluster, plan, bw=112.5e9, recompute="offload", recompute_layers=50)
     assert slow.breakdown_s["offload"] > 2 * off.breakdown_s["offload"]
-    # Unset layers: all but the last (the most megatron-core offloads).
+    # Unset layers: all but the last (the most megatron-core offloads); exposure grows with the layers.
     most = _est(model, cluster, plan, recompute="offload", recompute_layers=None)
-    assert most.breakdown_s["offload"] == pytest.approx(off.breakdown_s["offload"] * 79 / 60, rel=1e-9)
+    assert most.breakdown_s["offload"] == pytest.approx(off.breakdown_s["offload"] * 79 / 50, rel=1e-9)
+
+
+def test_offloaded_activations_must_fit_the_hosts_memory():
+    """GB200: 480 GB of LPDDR5X per two GPUs, 80% of it for activations (costmodel.memory.HOST_USABLE_FRACTION)."""
+    from costmodel.memory import HOST_USABLE_FRACTION
+
+    model, cluster, plan = _fsdp_70b_gb200()
+    layer = _layer_bytes(model, cluster, plan.model_copy(update={"recompute": "offload"}))
+    room = int(240e9 * HOST_USABLE_FRACTION // layer)
+    assert 40 < room < 60
+    inside = _est(model, cluster, plan, recompute="offload", recompute_layers=room)
+    over = _est(model, cluster, plan, recompute="offload", recompute_layers=room + 1)
+    assert inside.fits and not over.fits
+    assert max(over.peak_memory_bytes) < max(inside.peak_memory_bytes) < over.memory_capacity_bytes
 
 
 def test_offloading_is_megatron_cores_rules():
@@ -133,9 +158,11 @@ def test_published_rows_read_offloading_and_an_unknown_setting_takes_the_fastest
     from costmodel.validate import predict_case
 
     guess = predict_case(cases[1])
-    # Megatron-Bridge's recipe offloads; the model's memory takes 60 of 80 layers, faster than recomputing them.
-    assert guess["plan"].recompute == "offload" and guess["plan"].recompute_layers == 60
-    assert "recompute=offload:60 (fastest that fits)" in guess["assumed"]
+    # Megatron-Bridge's recipe offloads 40 layers (cpu_offloading_num_layers=40): so does the fastest setting
+    # that fits the GPU (within all of its memory: the run ran) and the host.
+    assert guess["plan"].recompute == "offload" and guess["plan"].recompute_layers == 40
+    assert "recompute=offload:40 (fastest that fits)" in guess["assumed"]
+    assert any("above the planner's usable 95%" in a for a in guess["assumed"])
 
 
 def test_a_training_log_with_cpu_offloading_reads_as_an_offload_plan():

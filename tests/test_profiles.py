@@ -70,8 +70,9 @@ def test_profile_loads_and_is_sourced(path):
                                        "nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s")}
     used |= {v["source"] for k in ("peak_flops", "gemm_max_efficiency") for v in raw[k].values()}
     used |= {c["source"] for c in raw.get("curves") or []}
-    if raw.get("host_link_bandwidth_bytes_per_s"):
-        used.add(raw["host_link_bandwidth_bytes_per_s"]["source"])
+    for k in ("host_link_bandwidth_bytes_per_s", "host_memory_bytes"):
+        if raw.get(k):
+            used.add(raw[k]["source"])
     assert set(prof.sources) == used, f"unused sources: {set(prof.sources) - used}"
     assert all(len(text) > 40 for text in prof.sources.values())
     assert prof.gap_model.strip()

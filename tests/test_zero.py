@@ -266,16 +266,19 @@ def test_ranked_table_and_json_show_fsdp(capsys, big405):
     con = Console(width=200, record=True)
     con.print(table)
     # Memory binds on 128 H100: the best layouts shard weights with FSDP and offload activations to host memory
-    # (tp2 dp64, the layout published on 128 GB200 with 186 GB each, does not fit 80 GB with full recompute once
-    # two unsharded layers are counted; with all but one layer's activations offloaded it does).
+    # (tp4 pp1 dp32). tp2 dp64, the layout published on 128 GB200 with 186 GB each, does not fit 80 GB with full
+    # recompute once two unsharded layers are counted, nor with all but one layer offloaded: 266 GB of
+    # activations would have to wait in the 256 GiB of host memory a DGX H100 has per GPU (80% usable).
     text = con.export_text()
-    assert "tp2 pp1 dp64 fsdp" in text and "offload" in text
+    assert "tp4 pp1 dp32 fsdp" in text and "offload" in text
     best = full.plan(0)
-    assert (best.tp, best.dp, best.zero_stage, best.recompute) == (2, 64, 3, "offload")
-    full_rc = best.model_copy(update={"recompute": "full", "recompute_layers": None})
+    assert (best.tp, best.dp, best.zero_stage, best.recompute) == (4, 32, 3, "offload")
     from costmodel.estimate import estimate
 
-    assert not estimate(model, cluster, full_rc).fits and estimate(model, cluster, best).fits
+    assert estimate(model, cluster, best).fits
+    for rc in ("full", "offload"):
+        tp2 = best.model_copy(update={"tp": 2, "dp": 64, "recompute": rc, "recompute_layers": None})
+        assert not estimate(model, cluster, tp2).fits
 
 
 def test_fsdp_unsharded_buffers_follow_megatron_core(monkeypatch):

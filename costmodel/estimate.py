@@ -389,6 +389,7 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     stage_f = n_dense * col(lt.dense_f) + n_moe * col(lt.moe_f)
     stage_b = n_dense * col(lt.dense_b) + n_moe * col(lt.moe_b)
     stage_rec = rec_frac * (n_dense * col(lt.rec_dense) + n_moe * col(lt.rec_moe))
+    st.k_off_dense, st.k_off_moe = _offloaded_layers(c, st)
     st.off_f, st.off_b = _offload_exposed(c, lt, st)
     stage_f, stage_b = stage_f + st.off_f, stage_b + st.off_b
 
@@ -443,14 +444,15 @@ def _offloaded_layers(c: SimpleNamespace, st: SimpleNamespace) -> tuple[np.ndarr
     return k_dense, k - k_dense
 
 
-def _layer_activation_bytes(c: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes one dense / MoE layer keeps for its backward per micro-batch without recomputation."""
+def _layer_activation_bytes(c: SimpleNamespace, recompute=None) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) bytes one layer keeps for its backward per micro-batch at 2-byte activations
+    (costmodel.memory.layer_activation_bytes) with the plans' ``recompute`` codes; None: without recomputation."""
     model, fw, n = c.model, c.fw, c.n
-    zeros = np.zeros(n)
-    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, zeros, fw["flash"], False, c.fp8)
-    moe = (memory.layer_activation_bytes(model, c.tokens * c.moe_imbalance, c.tp, c.sp, zeros, fw["flash"], True,
-                                         c.fp8) if model.is_moe else zeros)
-    return dense * (c.eb / 2.0), moe * (c.eb / 2.0)
+    rc = np.zeros(n) if recompute is None else recompute
+    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, rc, fw["flash"], False, c.fp8)
+    moe = (memory.layer_activation_bytes(model, c.tokens * c.moe_imbalance, c.tp, c.sp, rc, fw["flash"], True,
+                                         c.fp8) if model.is_moe else np.zeros(n))
+    return dense, moe
 
 
 def _offload_exposed(c: SimpleNamespace, lt: SimpleNamespace, st: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
@@ -460,11 +462,11 @@ def _offload_exposed(c: SimpleNamespace, lt: SimpleNamespace, st: SimpleNamespac
     (Transformer Engine's CPU-offload handler behind megatron-core --cpu-offloading, which prefetches one
     layer ahead); a copy that takes longer than the layer it hides behind shows. Infinite without a known host
     link."""
-    k_dense, k_moe = _offloaded_layers(c, st)
+    k_dense, k_moe = st.k_off_dense, st.k_off_moe
     if not (k_dense.any() or k_moe.any()):
         return np.zeros_like(k_dense), np.zeros_like(k_dense)
     link = c.prof.host_link_bandwidth_bytes_per_s
-    bw = link.value if link is not None else 0.0
+    bw = (link.value if link is not None else 0.0) / (c.eb / 2.0)   # in 2-byte-activation bytes per second
     b_dense, b_moe = _layer_activation_bytes(c)
     with np.errstate(divide="ignore"):
         t_dense, t_moe = b_dense / bw, b_moe / bw
@@ -585,16 +587,11 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     """Peak memory of one GPU of each stage (``peak``): weights, gradients, optimizer state, the activations
     of the micro-batches in flight (partial recompute, MTP, the last stage's logits), FSDP's unsharded
     layers, workspaces and fragmentation; ``fits`` when every stage is within the usable capacity."""
-    model, a, fw, eb, tokens, tp, sp, n, imb, col = c.model, c.a, c.fw, c.eb, c.tokens, c.tp, c.sp, c.n, \
-        c.moe_imbalance, _col
+    model, a, fw, eb, tokens, tp, col = c.model, c.a, c.fw, c.eb, c.tokens, c.tp, _col
     SL, rl, n_dense, n_moe, last, mtp, fp8 = st.SL, st.rl, st.n_dense, st.n_moe, st.last, st.mtp, c.fp8
     rc_arr = a.recompute
-    act_dense = memory.layer_activation_bytes(model, tokens, tp, sp, rc_arr, fw["flash"], False, fp8)
-    act_moe = (memory.layer_activation_bytes(model, tokens * imb, tp, sp, rc_arr, fw["flash"], True, fp8)
-               if model.is_moe else np.zeros(n))
-    act_none_dense = memory.layer_activation_bytes(model, tokens, tp, sp, np.zeros(n), fw["flash"], False, fp8)
-    act_none_moe = (memory.layer_activation_bytes(model, tokens * imb, tp, sp, np.zeros(n),
-                                                  fw["flash"], True, fp8) if model.is_moe else np.zeros(n))
+    act_dense, act_moe = _layer_activation_bytes(c, rc_arr)
+    act_none_dense, act_none_moe = _layer_activation_bytes(c)
     # Partial full-recompute: recomputed layers keep their input only, the rest keep everything.
     full = col(rc_arr == 2)
     per_mb = np.where(full,
@@ -604,7 +601,7 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
                       n_dense * col(act_dense) + n_moe * col(act_moe))
     # Offloaded layers (recompute='offload') keep nothing on the GPU but the layer in transit; host memory holds
     # the rest of one micro-batch (pp 1: one in flight).
-    k_dense, k_moe = _offloaded_layers(c, st)
+    k_dense, k_moe = st.k_off_dense, st.k_off_moe
     offloaded = k_dense * col(act_none_dense) + k_moe * col(act_none_moe)
     per_mb = per_mb - offloaded + np.where(k_dense + k_moe > 0, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     inflight = pipeline.in_flight_microbatches(c.pp, c.vpp, c.m, st.stages.index)

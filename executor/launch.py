@@ -80,19 +80,10 @@ def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
         raise InputError(f"{path}: model.finetune is {model.finetune!r}; the executor trains every weight "
                          f"(finetune 'full'): plan LoRA here, run it with Megatron-Bridge's PEFT")
     plan = parse("plan", ParallelPlan)
-    if plan.recompute == "offload" and not _cuda_available():
+    if plan.recompute == "offload" and available_processes()[1] != "GPUs":
         raise InputError(f"{path}: plan.recompute is 'offload': activation offloading runs through Transformer "
                          f"Engine on GPUs, and this machine has none; valid here: none, selective or full")
     return model, plan
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 def available_processes() -> tuple[int, str]:

@@ -203,7 +203,7 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                                                        True))}
 
 
-SCHEME = "one factor, the one the run moves most (costmodel/recalibrate.py)"
+SCHEME = "one factor, the one the run moves most for how few fitted runs pin it down (costmodel/recalibrate.py)"
 
 
 def pool_one_run(results: list[dict]) -> dict:

@@ -102,6 +102,13 @@ class Calibration(FrozenSpec):
     kernel launches and Python. Fitted only from executor measurements (``plan calibrate``); 0 otherwise."""
     fitted_by: str = "defaults (not fitted)"
     """Script and data that produced these factors."""
+    fitted_rows: dict[str, int] = {}
+    """Per factor, how many runs of this GPU type the factors were fitted to exercise it
+    (costmodel.fit.relevant_factors of each run); a factor not named rests on no run of this GPU type.
+    Written by scripts/fit_profiles.py, grown by plan calibrate; a one-run calibration moves the factor the fewest
+    runs pin down, among those the run moves (costmodel/recalibrate.py)."""
+    fitted_rows_pooled: dict[str, int] = {}
+    """The same over every GPU type in the fit (the shared level of the partial pooling)."""
     measured_models: tuple[str, ...] = ()
     """Architectures (costmodel.specs.ModelSpec.architecture_key) of the runs ``plan calibrate`` fitted these
     factors to; empty for a shipped profile. A model among them gets the factors as they are; any other model

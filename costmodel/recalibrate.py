@@ -5,8 +5,9 @@ than the average by a level shift. A few measured runs determine only a few numb
 factors as the runs determine and leaves the rest at the profile's values:
 
 - one or two runs: one factor, the one the runs move most (the largest change in predicted step time for a 10%
-  change of the factor, in the direction the measurement needs), solved so the prediction meets the measurement;
-- more runs: the (n + 1) // 2 factors they move most, least squares with the prior centred on the profile's own
+  change of the factor, in the direction the measurement needs) for how few of the fitted runs pin it down
+  (``factors_for``), solved so the prediction meets the measurement;
+- more runs: the (n + 1) // 2 factors ranked first that way, least squares with the prior centred on the profile's own
   values (``costmodel.fit.fit_calibration`` with ``center``), so the update shrinks towards the profile
   and not towards the un-fitted defaults.
 
@@ -43,6 +44,14 @@ ONE_RUN_PRIOR_SCALE = 0.02
 # 0.3: 12.64 / 8.13, 8.78; 0.5: 13.62 / 8.70, 9.02; 1 (the update as it is): 17.68 / 11.41, 10.84. A run's
 # offset from the profile is mostly its model's, not its stack's.
 OTHER_MODELS_WEIGHT = 0.2
+# Weight of a run of another GPU type, against one of the profile's own, in how firmly the fit pinned a factor
+# down (factor_support). Chosen with the one-run calibration inside held-out sources
+# (scripts/choose_one_run_support.py), MAPE / median % for same model | same release | other models:
+# ranking by sensitivity alone 8.13 / 4.71 | 7.03 / 4.14 | 11.95 / 7.39; 0.03: 8.19 / 4.63 | 5.69 / 4.15 | 11.88;
+# 0.1: 8.06 / 4.63 | 5.47 / 4.14 | 11.74 / 7.35; 0.3: 8.51 / 5.10 | 5.51 / 4.14 | 11.96. An NVFP4 run on a
+# GPU whose fp4 factor no run informed now moves that factor, not the GEMM efficiency its bf16 and fp8 siblings
+# share (GB300 Llama 3.1 405B inside one release: 32% -> 3% on the fp8 siblings).
+POOLED_RUN_WEIGHT = 0.1
 
 
 def _with(profile: HardwareProfile, values: dict[str, float], fitted_by: str | None = None) -> HardwareProfile:
@@ -70,11 +79,23 @@ def factor_sensitivity(measurements: list[Measurement], profile: HardwareProfile
     return out
 
 
+def factor_support(profile: HardwareProfile, name: str) -> float:
+    """How many runs pin a factor down: the runs of the profile's GPU type it was fitted to that exercise it,
+    plus POOLED_RUN_WEIGHT of those of every GPU type (Calibration.fitted_rows, fitted_rows_pooled)."""
+    cal = profile.calibration
+    return cal.fitted_rows.get(name, 0) + POOLED_RUN_WEIGHT * cal.fitted_rows_pooled.get(name, 0)
+
+
 def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tuple[list[str], dict[str, float]]:
-    """The factors a set of runs determines, most determined first, and every candidate's sensitivity."""
+    """The factors a set of runs determines, most determined first, and every candidate's sensitivity.
+
+    A factor ranks by how far it moves the runs towards their measurements (factor_sensitivity) over the square
+    root of 1 + the runs that already pin it down (factor_support): the spread of a factor fitted to n runs
+    shrinks like 1/sqrt(1 + n), so the update goes where the profile knows least. A profile fitted to no runs
+    (defaults, plan profile) ranks by sensitivity alone."""
     cands = [n for n in relevant_factors(measurements) if n not in NOT_FROM_FEW_RUNS]
     sens = factor_sensitivity(measurements, profile, cands)
-    ranked = sorted(cands, key=lambda n: -sens[n])
+    ranked = sorted(cands, key=lambda n: -sens[n] / np.sqrt(1.0 + factor_support(profile, n)))
     n = len(measurements)
     k = 1 if n <= 2 else min(len(ranked), (n + 1) // 2)
     return ranked[:k], sens
@@ -123,8 +144,13 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
     moved = {**{n: float(getattr(prior, n)) for n in names if float(getattr(cal, n)) != float(getattr(prior, n))},
              **prior.uncalibrated}
     models = set(prior.measured_models) | {m.model.architecture_key() for m in measurements}
+    own, pooled = dict(prior.fitted_rows), dict(prior.fitted_rows_pooled)
+    for m in measurements:
+        for n in relevant_factors([m]):
+            own[n], pooled[n] = own.get(n, 0) + 1, pooled.get(n, 0) + 1
     cal = cal.model_copy(update={"measured_models": tuple(sorted(models)), "uncalibrated": moved,
-                                 "other_models_weight": OTHER_MODELS_WEIGHT})
+                                 "other_models_weight": OTHER_MODELS_WEIGHT, "fitted_rows": own,
+                                 "fitted_rows_pooled": pooled})
     measured = np.array([m.step_time_s for m in measurements])
     before = predict(measurements, profile)
     after = predict(measurements, profile.model_copy(update={"calibration": cal}))

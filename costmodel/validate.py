@@ -699,6 +699,25 @@ def _source_weights(cases: list[Case], balance: float) -> np.ndarray:
     return np.array([counts[c.source_id] ** -balance for c in cases])
 
 
+def factor_rows(measurements: list) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """How many of the runs exercise each calibration factor (costmodel.fit.relevant_factors of each run):
+    ({GPU type: {factor: runs}}, {factor: runs of every GPU type}), factors in FACTORS order."""
+    from costmodel.fit import FACTORS, relevant_factors
+
+    by_gpu: dict[str, dict[str, int]] = {}
+    for m in measurements:
+        counts = by_gpu.setdefault(m.cluster.gpu, {})
+        for name in relevant_factors([m]):
+            counts[name] = counts.get(name, 0) + 1
+    order = {name: i for i, name in enumerate(FACTORS)}
+    by_gpu = {g: dict(sorted(c.items(), key=lambda kv: order[kv[0]])) for g, c in sorted(by_gpu.items())}
+    pooled: dict[str, int] = {}
+    for counts in by_gpu.values():
+        for name, n in counts.items():
+            pooled[name] = pooled.get(name, 0) + n
+    return by_gpu, dict(sorted(pooled.items(), key=lambda kv: order[kv[0]]))
+
+
 def fit_profiles(cases: list[Case], *, fitted_by: str, exclude=None, gpus: list[str] | None = None,
                  pool_prior_rows: dict[str, float] | None = None,
                  source_balance: float | None = None) -> tuple[dict, list]:
@@ -742,12 +761,14 @@ def fit_profiles(cases: list[Case], *, fitted_by: str, exclude=None, gpus: list[
     gen_vals = {g: level(idx, shared, prior_rows["generation"], f"generation {g}") for g, idx in by_gen.items()}
     # A generation backed by one GPU type is that GPU type's level already (same rows, nearly the same fit).
     types_in = {g: {ms[i].cluster.gpu for i in idx} for g, idx in by_gen.items()}
+    rows_of, pooled = factor_rows(ms)
     fitted = {}
     for g in names_out:
         parent = gen_vals.get(gen_of[g], shared)
         own = g in by_gpu and len(types_in[gen_of[g]]) > 1
         vals = level(by_gpu[g], parent, prior_rows["gpu"], g) if own else parent
-        cal = Calibration(**{**Calibration().model_dump(), **vals, "fitted_by": fitted_by})
+        cal = Calibration(**{**Calibration().model_dump(), **vals, "fitted_by": fitted_by,
+                             "fitted_rows": rows_of.get(g, {}), "fitted_rows_pooled": pooled})
         fitted[g] = base[g].model_copy(update={"calibration": cal})
     return fitted, reports
 

@@ -194,6 +194,52 @@ def test_one_run_fits_one_factor_and_meets_the_run():
         assert getattr(cal, name) == getattr(prof.calibration, name)
 
 
+def test_one_run_moves_the_factor_the_fewest_fitted_runs_pin_down():
+    """An NVFP4 run of Llama 3.1 405B on GB300, 10% slower than predicted. The shipped fp4 factor rests on 9 of the
+    GPU's runs, the GEMM efficiency every precision shares on 63: the update goes to the fp4 factor, and an FP8 run
+    of the same model keeps its prediction. Were the fp4 factor pinned down as firmly as the GEMM efficiency, the
+    update would go to the GEMM efficiency, the factor the run moves most. Calibrating adds the run to the counts."""
+    from costmodel.recalibrate import factor_support
+    from costmodel.validate import measurements_for
+
+    cases, _ = load_cases(CSV)
+    pick = [c for c in cases if c.gpu_type == "GB300" and c.model.name == "Llama3.1-405B" and c.release == "26.02"]
+    fp4 = next(c for c in pick if c.model.precision == "nvfp4")
+    fp8 = next(c for c in pick if c.model.precision != "nvfp4")
+    prof = load_profile("GB300")
+    rows, pooled = prof.calibration.fitted_rows, prof.calibration.fitted_rows_pooled
+    assert rows["fp4_gemm_efficiency"] == 9 and rows["gemm_efficiency"] == 63
+    assert factor_support(prof, "fp4_gemm_efficiency") == pytest.approx(9 + 0.1 * 18)
+    m = shifted(measurements_for([fp4])[0], prof, 1.1)
+    cal, rep = recalibrate([m], prof, fitted_by="test")
+    assert rep["factors"] == ["fp4_gemm_efficiency"] and rep["mape_after"] < 0.5
+    assert rep["sensitivity"]["gemm_efficiency"] > rep["sensitivity"]["fp4_gemm_efficiency"]
+    assert cal.gemm_efficiency == prof.calibration.gemm_efficiency
+    after = prof.model_copy(update={"calibration": cal})
+    assert predict_case(fp8, after)["predicted_step_time_s"] == predict_case(fp8, prof)["predicted_step_time_s"]
+    assert cal.fitted_rows["fp4_gemm_efficiency"] == 10 and cal.fitted_rows["gemm_efficiency"] == 64
+    assert cal.fitted_rows_pooled["gemm_efficiency"] == pooled["gemm_efficiency"] + 1
+    pinned = prof.model_copy(update={"calibration": prof.calibration.model_copy(update={
+        "fitted_rows": {**rows, "fp4_gemm_efficiency": rows["gemm_efficiency"]},
+        "fitted_rows_pooled": {**pooled, "fp4_gemm_efficiency": pooled["gemm_efficiency"]}})})
+    cal, rep = recalibrate([m], pinned, fitted_by="test")
+    assert rep["factors"] == ["gemm_efficiency"] and rep["mape_after"] < 0.5
+
+
+def test_shipped_profiles_count_the_runs_they_were_fitted_to():
+    """Every shipped profile's run counts are those of data/validation/published_runs.csv (a profile without runs
+    of its own, H200, counts none), so scripts/fit_profiles.py was rerun after the data last changed."""
+    from costmodel.validate import factor_rows, measurements_for
+
+    cases, _ = load_cases(CSV)
+    own, pooled = factor_rows(measurements_for(cases))
+    assert pooled["gemm_efficiency"] == len(cases) and pooled["a2a_time"] == sum(c.model.is_moe for c in cases)
+    for gpu in ("H100", "GB200", "GB300", "B200", "A100-80GB", "H200"):
+        cal = load_profile(gpu).calibration
+        assert cal.fitted_rows == own.get(gpu, {}) and cal.fitted_rows_pooled == pooled
+    assert load_profile("H200").calibration.fitted_rows == {}
+
+
 def test_a_calibrated_profile_carries_part_of_its_update_to_other_models(tmp_path):
     """The measured architecture gets the fitted factor; another model OTHER_MODELS_WEIGHT of the update in log
     space, at any sequence length the measured one keeps all of it; a shipped profile is never moved; the

@@ -79,9 +79,13 @@ class Case:
     """The software release (container or framework version) the notes name; '' if unsaid."""
 
 
+# How a numeric column says "not published" (read as blank).
+_ABSENT = ("unknown", "n/a", "na", "-", "none", "null")
+
+
 def _num(v: str) -> float | None:
     v = (v or "").strip()
-    if v == "" or v.lower() in ("unknown", "n/a", "na", "-"):
+    if v == "" or v.lower() in _ABSENT:
         return None
     try:
         return float(v)
@@ -328,7 +332,9 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     recompute = rc_raw if known else ("full" if framework == "megatron-lm-2020" else "none")
     # 'offload (40 layers)', 'cpu_offloading_num_layers=40': the layers offloaded; unsaid, all but the last.
     m_off = re.search(r"(\d+)", rc_text) if recompute == "offload" else None
-    offload_layers = int(m_off.group(1)) if m_off else None
+    recompute_layers = int(m_off.group(1)) if m_off else None
+    if recompute == "full":
+        recompute_layers = _full_recompute_layers(rc_text, model, pp, vp)
     if framework == "megatron-lm-2020" and not known:
         known = True
         assumed.append("recompute=full (Megatron-LM 2020 examples checkpoint activations)")
@@ -336,6 +342,12 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     fsdp = ("fsdp" in z and "fsdp=0" not in z) or "hsdp" in z or "hybrid shard" in z or "hybrid_shard" in z
     zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z)
     zstage = int(zm.group(1)) if zm else None
+    # PyTorch FSDP's sharding strategies: FULL_SHARD shards parameters (ZeRO-3), SHARD_GRAD_OP gradients and
+    # optimizer states (ZeRO-2), NO_SHARD nothing (DDP).
+    if zstage is None and re.search(r"full[-_ ]shard", z):
+        zstage = 3
+    elif zstage is None and re.search(r"shard[-_ ]grad[-_ ]op", z):
+        zstage = 2
     fsdp = fsdp or zstage == 3
     distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
         or "distopt" in z or "dist-opt" in z
@@ -344,7 +356,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
                        f"the last takes the remainder with the loss)")
     plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
-                        global_batch=gbs, recompute=recompute, recompute_layers=offload_layers,
+                        global_batch=gbs, recompute=recompute, recompute_layers=recompute_layers,
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
     return plan, known
@@ -352,6 +364,20 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
 
 _YES = ("true", "yes", "y", "1", "on", "enabled")
 _NO = ("false", "no", "n", "0", "off", "disabled")
+
+
+def _full_recompute_layers(text: str, model: ModelSpec, pp: int, vpp: int) -> int | None:
+    """Layers per pipeline stage a full-recompute column recomputes: Megatron's block method ('full (block, 4
+    layers)', 'partial, 2 layers', 'recompute_num_layers=2') recomputes that many layers of each model chunk,
+    so times vpp, at most the stage's layers; None (all) for the uniform method ('full (uniform, 1 layer)', the
+    number is its chunk size) or when no count is given."""
+    if "uniform" in text:
+        return None
+    m = re.search(r"(\d+)\s*layers?|num[-_ ]layers\s*[=:]?\s*(\d+)", text)
+    if not m:
+        return None
+    per_chunk = int(m.group(1) or m.group(2))
+    return min(per_chunk * vpp, math.ceil(model.layers / pp))
 
 
 def recompute_named(text: str) -> str:
@@ -364,7 +390,7 @@ def recompute_named(text: str) -> str:
         return "offload"
     if "selective" in text or "core attn" in text or "core_attn" in text:
         return "selective"
-    if text in _YES or re.search(r"full|checkpoint|uniform|block|recompute", text):
+    if text in _YES or re.search(r"full|checkpoint|uniform|block|partial|recompute", text):
         return "full"
     return text
 
@@ -404,7 +430,7 @@ def _check_numbers(row: dict) -> float:
     for col in _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",):
         raw = (row.get(col) or "").strip()
         if _num(raw) is None:
-            if col in _REQUIRED_INTS or (raw and raw.lower() not in ("unknown", "n/a", "na", "-")):
+            if col in _REQUIRED_INTS or (raw and raw.lower() not in _ABSENT):
                 raise ValueError(f"column '{col}': expected a positive integer, got {raw!r}")
             continue
         x = _num(raw)

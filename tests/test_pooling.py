@@ -180,7 +180,8 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     assert precision_of("tf32", said) == "tf32"                          # left for ModelSpec to refuse
     for text, want in {"yes": "full", "true": "full", "activation checkpointing": "full", "full (uniform, 1 layer)":
                        "full", "block": "full", "selective (core attn)": "selective", "Selective".lower(): "selective",
-                       "no": "none", "off": "none", "false": "none", "unknown": "unknown", "": ""}.items():
+                       "no": "none", "off": "none", "false": "none", "unknown": "unknown", "": "",
+                       "partial (4 layers)": "full", "recompute_num_layers=2": "full"}.items():
         assert recompute_named(text) == want, text
 
     rows = [r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["framework"] == "megatron-core"
@@ -190,18 +191,25 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     variants = [dict(base), {**base, "precision": "BFloat16 mixed", "recompute": "activation checkpointing",
                              "sp": "yes", "scored": "1", "framework": "NeMo 2.0"}]
     off = {**base, "sp": "0", "scored": "YES"}
-    sharded = [{**base, "zero_stage_or_distopt": z, "pp": "1"} for z in ("HSDP", "ZeRO-3 (FSDP)", "3")]
+    sharded = [{**base, "zero_stage_or_distopt": z, "pp": "1"}
+               for z in ("HSDP", "ZeRO-3 (FSDP)", "3", "FULL_SHARD", "shard_grad_op")]
+    # Megatron's block method: that many layers of each model chunk; the uniform method's number is its chunk
+    block = [{**base, "pp": "2", "vp": vp, "recompute": rc} for vp, rc in
+             (("2", "full (block, 3 layers)"), ("none", "partial, 2 layers"), ("1", "full (uniform, 1 layer)"))]
     path = tmp_path / "spelled.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, list(base))
         w.writeheader()
-        w.writerows(variants + [off] + sharded + [{**base, "scored": "no"}])
+        w.writerows(variants + [off] + sharded + block + [{**base, "scored": "no"}])
     cases, errors = load_cases(path)
-    assert errors == [] and len(cases) == 6                              # "no" is not scored
+    assert errors == [] and len(cases) == 11                             # "no" is not scored
     a, b, c = cases[0].plan, cases[1].plan, cases[2].plan
     assert b == a and cases[1].model.precision == cases[0].model.precision == "bf16"
     assert a.sequence_parallel and not c.sequence_parallel and c.recompute == a.recompute == "full"
-    assert [x.plan.zero_stage for x in cases[3:]] == [3, 3, 3]
+    assert a.recompute_layers is None
+    assert [x.plan.zero_stage for x in cases[3:8]] == [3, 3, 3, 3, 2]
+    assert [(x.plan.vpp, x.plan.recompute, x.plan.recompute_layers) for x in cases[8:]] == [
+        (2, "full", 6), (1, "full", 2), (1, "full", None)]
 
 
 def test_a_precision_column_that_names_no_format_is_bf16_or_fp16_without_bf16(tmp_path):

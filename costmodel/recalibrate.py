@@ -158,6 +158,7 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
     report = {"profile": profile.name, "measurements": len(measurements), "scheme": scheme, "factors": names,
               "previous": previous, "values": {n: round(float(getattr(cal, n)), 4) for n in names},
               "sensitivity": {n: round(v, 4) for n, v in sorted(sens.items(), key=lambda kv: -kv[1])},
+              "support": {n: round(factor_support(profile, n), 1) for n in sens},
               "mape_before": ape(before), "mape_after": ape(after),
               "measured_models": list(cal.measured_models), "other_models_weight": cal.other_models_weight}
     return cal, report

@@ -214,6 +214,7 @@ def test_one_run_moves_the_factor_the_fewest_fitted_runs_pin_down():
     cal, rep = recalibrate([m], prof, fitted_by="test")
     assert rep["factors"] == ["fp4_gemm_efficiency"] and rep["mape_after"] < 0.5
     assert rep["sensitivity"]["gemm_efficiency"] > rep["sensitivity"]["fp4_gemm_efficiency"]
+    assert rep["support"]["fp4_gemm_efficiency"] == 10.8 and rep["support"]["gemm_efficiency"] == 97.2
     assert cal.gemm_efficiency == prof.calibration.gemm_efficiency
     after = prof.model_copy(update={"calibration": cal})
     assert predict_case(fp8, after)["predicted_step_time_s"] == predict_case(fp8, prof)["predicted_step_time_s"]

@@ -40,9 +40,10 @@ ONE_RUN_PRIOR_SCALE = 0.02
 # Share of a calibration update (log space) that a calibrated profile carries to models it was not measured on
 # (Calibration.other_models_weight); the measured models get all of it. Chosen by the other-models one-run
 # calibration inside held-out sources (scripts/choose_other_models_weight.py), MAPE / median over all 3,019
-# pairs, MAPE averaged per source: 0: 12.31 / 8.11, 9.03; 0.1: 12.27 / 8.04, 8.86; 0.2: 12.38 / 7.97, 8.78;
-# 0.3: 12.64 / 8.13, 8.78; 0.5: 13.62 / 8.70, 9.02; 1 (the update as it is): 17.68 / 11.41, 10.84. A run's
-# offset from the profile is mostly its model's, not its stack's.
+# pairs, MAPE averaged per source (with the factor chosen by POOLED_RUN_WEIGHT below): 0: 11.89 / 7.55, 8.56;
+# 0.1: 11.76 / 7.40, 8.37; 0.2: 11.74 / 7.35, 8.25; 0.3: 11.83 / 7.49, 8.21; 0.5: 12.30 / 7.62, 8.31;
+# 1 (the update as it is): 14.65 / 8.61, 9.64. A run's offset from the profile is mostly its model's, not its
+# stack's.
 OTHER_MODELS_WEIGHT = 0.2
 # Weight of a run of another GPU type, against one of the profile's own, in how firmly the fit pinned a factor
 # down (factor_support). Chosen with the one-run calibration inside held-out sources

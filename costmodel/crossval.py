@@ -39,6 +39,23 @@ def held_out(case: Case, scheme: str, key: str) -> bool:
     return f"{case.source_id}@{case.release}" == key
 
 
+def per_source(job, path: str | Path, workers: int | None = None, progress=None) -> dict:
+    """``job((path, source)) -> (source, result)`` for every source of the CSV, in parallel processes (one per
+    core by default): {source: result}, sources sorted. ``progress(source)`` is called as each ends. The
+    scripts that choose a constant by one-run calibration inside held-out sources use it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    cases, _ = load_cases(path)
+    sources = sorted({c.source_id for c in cases})
+    out = {}
+    with ProcessPoolExecutor(workers) as pool:
+        for source, result in pool.map(job, [(str(path), s) for s in sources]):
+            out[source] = result
+            if progress:
+                progress(source)
+    return out
+
+
 def _fold(path: str, scheme: str, key: str, options: dict | None = None) -> tuple[dict, list]:
     cases, _ = load_cases(path)
     profiles, _ = fit_profiles(cases, fitted_by=f"cross-validation fold without {scheme} {key}",

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import costmodel.recalibrate as recalibrate  # noqa: E402
 from costmodel.crossval import held_out, one_run_calibration_cv, pool_one_run  # noqa: E402
+from costmodel.crossval import per_source as cross_per_source  # noqa: E402
 from costmodel.validate import fit_profiles, load_cases  # noqa: E402
 
 WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0)
@@ -53,13 +53,9 @@ def main() -> int:
     ap.add_argument("--json", help="write the pooled figures to this file")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    cases, _ = load_cases(args.csv)
-    sources = sorted({c.source_id for c in cases})
-    per_source: dict[str, dict[str, dict]] = {}
-    with ProcessPoolExecutor(args.workers) as pool:
-        for source, results in pool.map(fold, [(args.csv, s) for s in sources]):
-            per_source[source] = results
-            print(f"{source}: done", file=sys.stderr, flush=True)
+    per_source = cross_per_source(fold, args.csv, args.workers,
+                                  lambda s: print(f"{s}: done", file=sys.stderr, flush=True))
+    sources = sorted(per_source)
     labels = ["sensitivity alone", *map(str, WEIGHTS)]
     pooled = {label: pool_one_run([per_source[s][label] for s in sources]) for label in labels}
     print(f"{'weight':>17} " + " ".join(f"{f:>27}" for f in FIGURES))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.crossval import held_out  # noqa: E402
+from costmodel.crossval import per_source as by_source  # noqa: E402
 from costmodel.recalibrate import recalibrate  # noqa: E402
 from costmodel.validate import abs_percent_error, fit_profiles, load_cases, measurements_for, predict_case  # noqa: E402
 
@@ -62,13 +62,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the per-source errors to this file")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args()
-    cases, _ = load_cases(args.csv)
-    sources = sorted({c.source_id for c in cases})
-    per_source: dict[str, dict[float, list[float]]] = {}
-    with ProcessPoolExecutor(args.workers) as pool:
-        for source, errors in pool.map(fold, [(args.csv, s) for s in sources]):
-            per_source[source] = errors
-            print(f"{source}: {len(errors[WEIGHTS[0]])} pairs", file=sys.stderr, flush=True)
+    per_source = by_source(fold, args.csv, args.workers,
+                           lambda s: print(f"{s}: done", file=sys.stderr, flush=True))
     print(f"{'weight':>6} {'pairs':>6} {'MAPE %':>7} {'median %':>9} {'per-source MAPE %':>18}")
     for w in WEIGHTS:
         every = [x for e in per_source.values() for x in e[w]]

@@ -85,6 +85,21 @@ def relevant_factors(measurements: list[Measurement]) -> list[str]:
     return names
 
 
+def factor_rows(measurements: list[Measurement]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """How many of the runs exercise each calibration factor (relevant_factors of each run):
+    ({GPU type: {factor: runs}}, {factor: runs of every GPU type}), factors in FACTORS order."""
+    order = {name: i for i, name in enumerate(FACTORS)}
+    by_gpu: dict[str, dict[str, int]] = {}
+    pooled: dict[str, int] = {}
+    for m in measurements:
+        counts = by_gpu.setdefault(m.cluster.gpu, {})
+        for name in relevant_factors([m]):
+            counts[name] = counts.get(name, 0) + 1
+            pooled[name] = pooled.get(name, 0) + 1
+    ordered = lambda c: dict(sorted(c.items(), key=lambda kv: order[kv[0]]))  # noqa: E731
+    return {g: ordered(c) for g, c in sorted(by_gpu.items())}, ordered(pooled)
+
+
 def host_factors(measurements: list[Measurement]) -> list[str]:
     """Factors for executor runs on CPU processes: GEMM rate, host overhead per layer, exposed gloo
     communication, element-wise bandwidth (attention runs as plain GEMMs and softmax there)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from costmodel.fit import FACTORS, Measurement, factor_bounds, fit_calibration, predict, relevant_factors
+from costmodel.fit import FACTORS, Measurement, factor_bounds, factor_rows, fit_calibration, predict, relevant_factors
 from costmodel.profiles import Calibration, HardwareProfile
 
 # Factors a handful of runs cannot pin down: the GEMM shape curve needs many shapes, the host overhead
@@ -88,7 +88,8 @@ def factor_support(profile: HardwareProfile, name: str) -> float:
 
 
 def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tuple[list[str], dict[str, float]]:
-    """The factors a set of runs determines, most determined first, and every candidate's sensitivity.
+    """The factors a set of runs determines, most determined first, and every candidate's sensitivity, in
+    ranking order (the first of them are the factors).
 
     A factor ranks by how far it moves the runs towards their measurements (factor_sensitivity) over the square
     root of 1 + the runs that already pin it down (factor_support): the spread of a factor fitted to n runs
@@ -99,7 +100,7 @@ def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tu
     ranked = sorted(cands, key=lambda n: -sens[n] / np.sqrt(1.0 + factor_support(profile, n)))
     n = len(measurements)
     k = 1 if n <= 2 else min(len(ranked), (n + 1) // 2)
-    return ranked[:k], sens
+    return ranked[:k], {name: sens[name] for name in ranked}
 
 
 def _fit_one(measurements: list[Measurement], profile: HardwareProfile, name: str) -> float:
@@ -145,10 +146,10 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
     moved = {**{n: float(getattr(prior, n)) for n in names if float(getattr(cal, n)) != float(getattr(prior, n))},
              **prior.uncalibrated}
     models = set(prior.measured_models) | {m.model.architecture_key() for m in measurements}
+    _, new_runs = factor_rows(measurements)   # the runs measured here count for this GPU type and for all
     own, pooled = dict(prior.fitted_rows), dict(prior.fitted_rows_pooled)
-    for m in measurements:
-        for n in relevant_factors([m]):
-            own[n], pooled[n] = own.get(n, 0) + 1, pooled.get(n, 0) + 1
+    for n, k in new_runs.items():
+        own[n], pooled[n] = own.get(n, 0) + k, pooled.get(n, 0) + k
     cal = cal.model_copy(update={"measured_models": tuple(sorted(models)), "uncalibrated": moved,
                                  "other_models_weight": OTHER_MODELS_WEIGHT, "fitted_rows": own,
                                  "fitted_rows_pooled": pooled})
@@ -160,6 +161,7 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
               "previous": previous, "values": {n: round(float(getattr(cal, n)), 4) for n in names},
               "sensitivity": {n: round(v, 4) for n, v in sorted(sens.items(), key=lambda kv: -kv[1])},
               "support": {n: round(factor_support(profile, n), 1) for n in sens},
+              "ranked": list(sens),
               "mape_before": ape(before), "mape_after": ape(after),
               "measured_models": list(cal.measured_models), "other_models_weight": cal.other_models_weight}
     return cal, report

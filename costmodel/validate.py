@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from costmodel.catalog import catalog
 from costmodel.estimate import FRAMEWORK, estimate_arrays
+from costmodel.fit import factor_rows
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
@@ -723,25 +724,6 @@ def _source_weights(cases: list[Case], balance: float) -> np.ndarray:
     for c in cases:
         counts[c.source_id] = counts.get(c.source_id, 0) + 1
     return np.array([counts[c.source_id] ** -balance for c in cases])
-
-
-def factor_rows(measurements: list) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """How many of the runs exercise each calibration factor (costmodel.fit.relevant_factors of each run):
-    ({GPU type: {factor: runs}}, {factor: runs of every GPU type}), factors in FACTORS order."""
-    from costmodel.fit import FACTORS, relevant_factors
-
-    by_gpu: dict[str, dict[str, int]] = {}
-    for m in measurements:
-        counts = by_gpu.setdefault(m.cluster.gpu, {})
-        for name in relevant_factors([m]):
-            counts[name] = counts.get(name, 0) + 1
-    order = {name: i for i, name in enumerate(FACTORS)}
-    by_gpu = {g: dict(sorted(c.items(), key=lambda kv: order[kv[0]])) for g, c in sorted(by_gpu.items())}
-    pooled: dict[str, int] = {}
-    for counts in by_gpu.values():
-        for name, n in counts.items():
-            pooled[name] = pooled.get(name, 0) + n
-    return by_gpu, dict(sorted(pooled.items(), key=lambda kv: order[kv[0]]))
 
 
 def fit_profiles(cases: list[Case], *, fitted_by: str, exclude=None, gpus: list[str] | None = None,

@@ -24,10 +24,9 @@ def calibration_table(report: dict, console) -> None:
     values = ", ".join(f"{k}={prev[k]:g} -> {v:g}" if k in prev else f"{k}={v:g}" for k, v in report["values"].items())
     console.print((f"{report['scheme']}: " if report.get("scheme") else "fitted ") + values)
     sens, support = report.get("sensitivity", {}), report.get("support", {})
-    if len(report["values"]) == 1 and sens and support:
-        ranked = sorted(sens, key=lambda n: -sens[n] / math.sqrt(1.0 + support.get(n, 0.0)))[:3]
+    if len(report["values"]) == 1 and report.get("ranked"):
         console.print("chosen by how far a factor moves the run over how many fitted runs pin it down: "
-                      + "; ".join(f"{n} {sens[n]:.3f} / {support.get(n, 0.0):g} runs" for n in ranked))
+                      + "; ".join(f"{n} {sens[n]:.3f} / {support[n]:g} runs" for n in report["ranked"][:3]))
     console.print(f"step-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
                   + (f"; written to {report['out']}" if report.get("out") else ""))
     if report.get("measured_models") and report.get("other_models_weight", 1.0) < 1.0:

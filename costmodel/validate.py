@@ -201,7 +201,13 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
     notes = row.get("notes", "")
     if experts:
         spec.update(num_experts=experts, moe_topk=_int(row.get("moe_topk", "")) or spec.get("moe_topk", 2))
-        if ffn:
+        if ffn and fam is not None and fam.num_experts and ffn == fam.ffn_hidden \
+                and fam.moe_ffn_hidden not in (None, fam.ffn_hidden):
+            # The schema's ffn_hidden of a MoE row is the expert width; this one is the family's dense-layer
+            # width, so the experts keep the catalog's.
+            assumed.append(f"moe_ffn_hidden={fam.moe_ffn_hidden} (ffn_hidden {ffn} is {fam.name}'s dense-layer "
+                           f"width; the experts are {fam.moe_ffn_hidden} wide)")
+        elif ffn:
             spec["moe_ffn_hidden"] = ffn
         m = re.search(r"dense-layer ffn (\d+)", notes)
         spec["ffn_hidden"] = int(m.group(1)) if m else spec.get("ffn_hidden", ffn or 4 * hidden)

@@ -281,3 +281,24 @@ def test_header_names_with_capitals_or_spaces_read_as_the_schema(tmp_path):
     path.write_text("\n".join([head] + lines[1:40]) + "\n")
     a, b = load_cases(path)[0], [c for c in load_cases(DATA)[0] if c.row < 39]
     assert len(a) == len(b) > 10 and [(c.source_id, c.plan) for c in a] == [(c.source_id, c.plan) for c in b]
+
+
+def test_a_moe_row_giving_its_familys_dense_ffn_keeps_the_expert_width(tmp_path):
+    """The schema's ffn_hidden of a MoE row is the expert width (data/validation/SOURCES.md); a row that writes
+    the family's dense-layer width instead (DeepSeek-V3's 18432) keeps the catalog's 2048-wide experts and says
+    so, where a width the family does not have is taken as the experts'."""
+    import csv
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["model_name"] == "DeepSeek-V3")
+    assert base["ffn_hidden"] == "2048"
+    path = tmp_path / "ffn.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(base))
+        w.writeheader()
+        w.writerows([base, {**base, "ffn_hidden": "18432"}, {**base, "ffn_hidden": "4096"}])
+    (a, dense, other), errors = load_cases(path)
+    assert errors == []
+    assert a.model.moe_ffn_hidden == dense.model.moe_ffn_hidden == 2048 and other.model.moe_ffn_hidden == 4096
+    assert a.model.ffn_hidden == dense.model.ffn_hidden == other.model.ffn_hidden == 18432
+    assert any(s.startswith("moe_ffn_hidden=2048 (ffn_hidden 18432 is deepseek-v3's dense-layer width")
+               for s in dense.assumed) and not any(s.startswith("moe_ffn_hidden") for s in a.assumed)

@@ -204,6 +204,11 @@ class ModelSpec(FrozenSpec):
     """Group-limited routing: experts fall into this many groups (DeepSeek-V3 n_group); None = no groups."""
     moe_router_group_topk: Count | None = None
     """Group-limited routing: groups each token may use (DeepSeek-V3 topk_group)."""
+    moe_token_drop: bool = False
+    """Token-drop MoE: each expert takes at most its capacity and is padded to it (Megatron
+    --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity). The shapes are static, so no token
+    counts go to the host and the MoE layers can be captured in CUDA graphs (megatron-core
+    transformer/moe/README.md, "CUDA Graph Support"); False: dropless, the default."""
     mtp_layers: Count0 = 0
     """Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers, Megatron --mtp-num-layers).
     Each adds one transformer layer of the model's last kind and a 2h->h projection, and runs the shared

@@ -61,6 +61,9 @@ _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwe
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
+# A token-drop MoE run, as the model name or notes say it ("(token-drop)", "token drop", "drop-and-pad",
+# "capacity factor 1.0"), not "token-dropless".
+_TOKEN_DROP = re.compile(r"token[-_ ]drop(?!less|-less| less)|drop[-_ ]and[-_ ]pad|capacity[-_ ]factor", re.I)
 
 
 @dataclass
@@ -78,6 +81,8 @@ class Case:
     assumed: list[str] = field(default_factory=list)
     release: str = ""
     """The software release (container or framework version) the notes name; '' if unsaid."""
+    vpp_known: bool = True
+    """False where a pipelined run's row leaves its interleaving (vp) blank."""
 
 
 # How a numeric column says "not published" (read as blank).
@@ -214,6 +219,8 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
         m = re.search(r"(\d+) shared expert", notes)
         if m:
             spec["shared_experts"] = int(m.group(1))
+        if _TOKEN_DROP.search(f"{name} {notes}"):
+            spec["moe_token_drop"] = True
     else:
         spec.update(num_experts=0, moe_topk=0, moe_ffn_hidden=None, shared_experts=0, dense_layers=0)
         if ffn:
@@ -510,7 +517,8 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
                            "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
             continue
         cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
-                          release_of(row["source_id"], row.get("notes", ""))))
+                          release_of(row["source_id"], row.get("notes", "")),
+                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", "")))))
     return cases, errors
 
 
@@ -539,6 +547,28 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
             opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": k * plan.vpp}))
     opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": None}))
     return opts
+
+
+def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> list[ParallelPlan]:
+    """What a megatron-core run with pp > 1 whose row leaves vp blank may have interleaved: no interleaving
+    (Megatron's default) and every vp whose virtual stages split the layers evenly (the embedding and loss
+    counted as a layer each, as framework_split does) and that megatron-core accepts (rules.violations).
+    :func:`predict_case` takes the fastest that fits, as for an unknown recompute: published recipes with
+    pp > 1 interleave where the layers allow (Megatron-Bridge's Llama 3 70B: pp4 vp5). Older Megatron-LM (the
+    2020-2022 papers' tables) and other stacks keep the row's vp=1: their schedules are not megatron-core's."""
+    from costmodel.rules import violations
+
+    if plan.pp == 1 or plan.framework != "megatron-core":
+        return [plan]
+    out = [plan]
+    for v in range(2, model.layers // plan.pp + 1):
+        stages = plan.pp * v
+        if model.layers % stages and (model.layers + 2) % stages:
+            continue
+        q = plan.model_copy(update={"vpp": v, "layers_per_stage": None})
+        if not violations(model, q, num_gpus):
+            out.append(q)
+    return out
 
 
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
@@ -573,7 +603,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     """Predict one case; an unknown recompute setting (recompute_options) takes the fastest that fits: a
     published run was tuned by the people who ran it."""
     prof = profile or load_profile(case.cluster.gpu)
-    base = [case.plan] if case.recompute_known else recompute_options(case.plan, case.model, prof)
+    layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, case.cluster.num_gpus)
+    base = [q for p in layouts for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
     plans = base + [q for p in sharding_fallbacks(case.plan)
                     for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
@@ -590,6 +621,10 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
                        f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
     if not case.recompute_known:
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
+    if len(layouts) > 1:
+        assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
+                      and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]
+        assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     peak = out["peak_memory_bytes"][idx]
@@ -702,7 +737,8 @@ def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | N
 
     out = []
     for c in cases:
-        plan = c.plan if c.recompute_known else predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
+        plan = c.plan if c.recompute_known and c.vpp_known else \
+            predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out
 

@@ -67,3 +67,37 @@ def test_grouped_gemm_fixed_time_per_local_expert(monkeypatch):
     assert np.all(off["layer_moe_fwd_s"] > off["moe_host_s"])
     assert on["layer_moe_fwd_s"] - off["layer_moe_fwd_s"] == pytest.approx(2 * local * fixed, rel=1e-6)
     assert on["layer_moe_bwd_s"] - off["layer_moe_bwd_s"] == pytest.approx(4 * local * fixed, rel=1e-6)
+
+
+def test_a_token_drop_moe_padded_to_capacity_has_no_host_floor():
+    """Static shapes (capacity factor and padding): no token counts go to the host and the layers can be
+    CUDA-graphed, so the host-bound micro-batch-1 layer takes its GPU time, below the dropless floor."""
+    plans = PlanArrays.from_columns(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=512, recompute=0)
+    drop = estimate_arrays(MODEL.model_copy(update={"moe_token_drop": True}), CLUSTER, plans, profile=PROF)
+    dropless = estimate_arrays(MODEL, CLUSTER, plans, profile=PROF)
+    assert drop["details"]["moe_host_s"][0] == 0.0 and dropless["details"]["moe_host_s"][0] > 0.0
+    assert dropless["details"]["layer_moe_fwd_s"][0] == pytest.approx(dropless["details"]["moe_host_s"][0])
+    assert drop["details"]["layer_moe_fwd_s"][0] < 0.7 * dropless["details"]["layer_moe_fwd_s"][0]
+    assert drop["step_time_s"][0] < 0.7 * dropless["step_time_s"][0]
+
+
+def test_the_csv_names_a_token_drop_run_and_not_a_dropless_one(tmp_path):
+    """'(token-drop)', 'drop-and-pad' or a capacity factor in the name or notes read as a token-drop MoE;
+    'token-dropless' does not."""
+    import csv
+    from pathlib import Path
+
+    from costmodel.validate import load_cases
+
+    data = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
+    base = next(r for r in csv.DictReader(data.open()) if r["scored"] == "true" and r["model_name"] == "Qwen3-30B-A3B")
+    assert "token-dropless" in base["notes"]
+    rows = [base, {**base, "model_name": "Qwen3-30B-A3B (token-drop)"},
+            {**base, "notes": base["notes"] + "; drop-and-pad"}, {**base, "notes": "capacity factor 1.0"}]
+    path = tmp_path / "drop.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(base))
+        w.writeheader()
+        w.writerows(rows)
+    cases, errors = load_cases(path)
+    assert errors == [] and [c.model.moe_token_drop for c in cases] == [False, True, True, True]

@@ -302,3 +302,34 @@ def test_a_moe_row_giving_its_familys_dense_ffn_keeps_the_expert_width(tmp_path)
     assert a.model.ffn_hidden == dense.model.ffn_hidden == other.model.ffn_hidden == 18432
     assert any(s.startswith("moe_ffn_hidden=2048 (ffn_hidden 18432 is deepseek-v3's dense-layer width")
                for s in dense.assumed) and not any(s.startswith("moe_ffn_hidden") for s in a.assumed)
+
+
+def test_an_unpublished_interleaving_of_a_megatron_core_run_is_the_fastest_that_fits(tmp_path):
+    """A megatron-core row with pp > 1 and vp blank is predicted at the fastest interleaving that splits its
+    layers evenly and that megatron-core accepts, as an unknown recompute is; a published vp, a Megatron-LM
+    2021 row and pp 1 keep theirs."""
+    import csv
+
+    from costmodel.validate import interleaving_options, predict_case
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["model_name"] == "Llama3-70B"
+                and r["pp"] == "4" and r["vp"] == "5")
+    rows = [{**base, "vp": ""}, base, {**base, "vp": "", "framework": "megatron-lm-2021"}]
+    path = tmp_path / "vp.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(base))
+        w.writeheader()
+        w.writerows(rows)
+    (blank, given, old), errors = load_cases(path)
+    assert errors == [] and not blank.vpp_known and given.vpp_known and not old.vpp_known
+    # 80 layers over pp 4: chunks of 20 / v layers (v dividing 20, or 82 / 4v), each accepted by the rules.
+    assert [p.vpp for p in interleaving_options(blank.plan, blank.model, blank.cluster.num_gpus)] == [1, 2, 4, 5, 10, 20]
+    assert [p.vpp for p in interleaving_options(old.plan, old.model, old.cluster.num_gpus)] == [1]
+    got = predict_case(blank)
+    times = {v: predict_case(given.__class__(**{**given.__dict__, "plan": given.plan.model_copy(
+        update={"vpp": v})}))["predicted_step_time_s"] for v in (1, 2, 4, 5, 10, 20)}
+    assert got["predicted_step_time_s"] == pytest.approx(min(times.values()), rel=1e-9)
+    assert got["plan"].vpp == min(times, key=times.get) and got["plan"].vpp > 1
+    assert f"vpp={got['plan'].vpp} (not published; the fastest interleaving that fits)" in got["assumed"]
+    assert "vpp=1 (not published)" not in got["assumed"]
+    assert predict_case(given)["plan"].vpp == 5 and predict_case(old)["plan"].vpp == 1

@@ -61,6 +61,17 @@ _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwe
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
+# What a model name says of a row outside the catalog's families, for the fields the row leaves blank.
+# Llama 2: the Llama 1 tokenizer's 32,000 tokens (Touvron et al. 2023, "Llama 2", Sec. 2.1). Nemotron-3/-4
+# (NeMo nemo/collections/llm/gpt/model/nemotron.py NemotronConfig, as ARCH_nemo_configs cites): squared-ReLU
+# 2-matrix MLP, LayerNorm with zero-centred gamma, no biases, no dropout, rope on half the head, untied
+# embeddings; the 256,000-token vocabulary of Nemotron-4 (Parmar et al. 2024, arXiv:2402.16819, Sec. 2).
+_NAMED_DEFAULTS = (
+    (re.compile(r"llama[- ]?2"), "Llama 2", dict(vocab=32000)),
+    (re.compile(r"nemotron"), "Nemotron", dict(vocab=256000, activation="squared_relu", normalization="LayerNorm1p",
+                                   linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
+                                   rotary_percent=0.5, tied_embeddings=False, learned_position_embeddings=False)),
+)
 # A token-drop MoE run, as the model name or notes say it ("(token-drop)", "token drop", "drop-and-pad",
 # "capacity factor 1.0"), not "token-dropless".
 _TOKEN_DROP = re.compile(r"token[-_ ]drop(?!less|-less| less)|drop[-_ ]and[-_ ]pad|capacity[-_ ]factor", re.I)
@@ -196,9 +207,14 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
         spec["kv_heads"] = kv
     elif fam is None:
         spec["kv_heads"] = None
+    label, named = next(((lb, d) for pat, lb, d in _NAMED_DEFAULTS if pat.search(name.lower())), ("", {})) \
+        if fam is None else ("", {})
     vocab = _int(row.get("vocab", ""))
     if vocab:
         spec["vocab"] = vocab
+    elif "vocab" in named:
+        spec["vocab"] = named["vocab"]
+        assumed.append(f"vocab={named['vocab']} ({label}'s tokenizer)")
     elif fam is None:
         spec["vocab"] = 51200
         assumed.append("vocab=51200 (Megatron GPT default)")
@@ -233,6 +249,7 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
     if fam is None:
         spec["learned_position_embeddings"] = not gated
         spec["tied_embeddings"] = not gated
+        spec.update({k: v for k, v in named.items() if k != "vocab"})
     if spec.get("mtp_layers"):
         # The model trains with multi-token prediction (Megatron-Bridge's DeepSeek-V3 recipe: mtp_num_layers
         # 1) unless the row says it ran without.

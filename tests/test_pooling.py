@@ -333,3 +333,28 @@ def test_an_unpublished_interleaving_of_a_megatron_core_run_is_the_fastest_that_
     assert f"vpp={got['plan'].vpp} (not published; the fastest interleaving that fits)" in got["assumed"]
     assert "vpp=1 (not published)" not in got["assumed"]
     assert predict_case(given)["plan"].vpp == 5 and predict_case(old)["plan"].vpp == 1
+
+
+def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
+    """A Llama 2 row without a vocab column gets Llama 2's 32,000 tokens, a Nemotron row Nemotron's 256,000 and its
+    architecture (squared-ReLU, LayerNorm1p, no biases or dropout, half rope, untied); a GPT row keeps Megatron's
+    51,200 and a given vocab is used as given."""
+    import csv
+
+    rows = {r["model_name"]: r for r in csv.DictReader(DATA.open()) if r["source_id"] == "NEMO_PERF_24.07"}
+    picked = [rows["LLAMA2-7B"], rows["Nemotron-8B"], rows["GPT3-5B"], {**rows["Nemotron-8B"], "vocab": "32000"}]
+    assert all(r["vocab"] == "" for r in picked[:3])
+    path = tmp_path / "named.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, list(picked[0]))
+        w.writeheader()
+        w.writerows(picked)
+    (llama, nemo, gpt, given), errors = load_cases(path)
+    assert errors == []
+    assert (llama.model.vocab, nemo.model.vocab, gpt.model.vocab, given.model.vocab) == (32000, 256000, 51200, 32000)
+    assert "vocab=32000 (Llama 2's tokenizer)" in llama.assumed and "vocab=256000 (Nemotron's tokenizer)" in nemo.assumed
+    m = nemo.model
+    assert (m.activation, m.normalization, m.linear_bias, m.hidden_dropout, m.attention_dropout, m.rotary_percent,
+            m.tied_embeddings, m.learned_position_embeddings, m.gated_mlp) == (
+        "squared_relu", "LayerNorm1p", False, 0.0, 0.0, 0.5, False, False, False)
+    assert gpt.model.activation == "gelu" and gpt.model.hidden_dropout == 0.1 and gpt.model.tied_embeddings

@@ -501,7 +501,9 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)
     p.fsdp = col(p.zero >= 3)
-    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other") else memory.GRAD_BYTES
+    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other") else (
+        memory.GRAD_BYTES_FP16_MEGATRON_LM_2020 if model.precision == "fp16" and c.framework == "megatron-lm-2020"
+        else memory.GRAD_BYTES)
     p.grad_b = max(grad_b, c.eb)
     p.shard = np.where(p.dist, col(c.dp_size), 1.0)
     p.shard_e = np.where(p.dist, col(c.edp), 1.0)

@@ -29,6 +29,11 @@ GIB = float(2**30)
 # momentum and variance, 12 bytes, in the optimizer state.
 WEIGHT_BYTES = 2.0
 GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM; megatron-core with grad_reduce_in_fp32)
+# Megatron-LM of 2019-2020 (v1, the README's GPT-2 tables) trained fp16 with its gradients in fp16 on the
+# parameters and all-reduced them so (LocalDDP.allreduce_params casts to fp32 only with --fp32-allreduce,
+# default off). From v2 (2021) gradients accumulate in an fp32 main_grad buffer: Korthikanti et al. 2022 Fig. 1
+# count 18 bytes per parameter, fp16 weights, fp32 gradients and fp32 Adam state (tests/test_memory.py).
+GRAD_BYTES_FP16_MEGATRON_LM_2020 = 2.0
 GRAD_BYTES_CORE = 2.0   # megatron-core DistributedDataParallelConfig default: grads in the param dtype
 OPTIMIZER_BYTES = 12.0
 # fp8 recipes (Transformer Engine) keep an fp8 copy of each weight for the GEMMs.

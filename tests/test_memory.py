@@ -161,3 +161,26 @@ def test_fig7_rows_cover_every_mode():
     assert len(FIG7) == 4 * 5
     assert {r["mode"] for r in FIG7} == {"none", "sequence parallel", "selective recompute", "seq+selective",
                                          "full recompute"}
+
+
+def test_megatron_lm_2020_fp16_keeps_and_all_reduces_fp16_gradients():
+    """Megatron-LM of 2020 (v1: LocalDDP without --fp32-allreduce) holds and all-reduces fp16 gradients; from
+    2021 they are fp32 main gradients (Korthikanti et al. Fig. 1's 18 bytes per parameter), as they are for bf16."""
+    from costmodel.catalog import get_model
+    from costmodel.profiles import load_profile
+
+    model = get_model("gpt3-175b").model_copy(update={"layers": 8, "precision": "fp16"})
+    prof = load_profile("A100-80GB")
+    cluster = ClusterSpec(name="a100x1024", gpu="A100-80GB", nodes=128, gpus_per_node=8, nvlink_domain_gpus=8,
+                          inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=25e9))
+    plans = PlanArrays.from_plans([ParallelPlan(tp=8, pp=1, dp=128, micro_batch=1, global_batch=128,
+                                                recompute="full", distributed_optimizer=False, zero_stage=0)])
+    out = {fw: estimate_arrays(model, cluster, plans, profile=prof, framework=fw)
+           for fw in ("megatron-lm-2020", "megatron-lm-2021")}
+    old, new = out["megatron-lm-2020"], out["megatron-lm-2021"]
+    assert old["grads_bytes"][0] == pytest.approx(new["grads_bytes"][0] / 2, rel=1e-9)
+    # The all-reduce over 128 nodes is bandwidth-bound: half the bytes, about half the time.
+    assert 0.45 < old["dp_comm_exposed_s"][0] / new["dp_comm_exposed_s"][0] < 0.6
+    bf16 = estimate_arrays(model.model_copy(update={"precision": "bf16"}), cluster, plans, profile=prof,
+                           framework="megatron-lm-2020")
+    assert bf16["grads_bytes"][0] == pytest.approx(new["grads_bytes"][0], rel=1e-9)

@@ -566,6 +566,12 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
     return opts
 
 
+# The deepest interleaving interleaving_options tries (model chunks per pipeline rank): published recipes use
+# up to about 20 (Megatron-Bridge Llama 3 70B pp4 vp5; NeMo Llama 2 70B pp4 vp20), and the bound keeps a row
+# with an absurd layer count from trying millions.
+MAX_UNPUBLISHED_VPP = 64
+
+
 def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> list[ParallelPlan]:
     """What a megatron-core run with pp > 1 whose row leaves vp blank may have interleaved: no interleaving
     (Megatron's default) and every vp whose virtual stages split the layers evenly (the embedding and loss
@@ -578,7 +584,7 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
     if plan.pp == 1 or plan.framework != "megatron-core":
         return [plan]
     out = [plan]
-    for v in range(2, model.layers // plan.pp + 1):
+    for v in range(2, min(model.layers // plan.pp, MAX_UNPUBLISHED_VPP) + 1):
         stages = plan.pp * v
         if model.layers % stages and (model.layers + 2) % stages:
             continue

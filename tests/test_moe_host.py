@@ -9,6 +9,7 @@ from costmodel.catalog import get_model
 from costmodel.estimate import MOE_HOST_FIXED_S, MOE_HOST_PER_EXPERT_S, estimate_arrays
 from costmodel.plan import PlanArrays
 from costmodel.profiles import load_cluster, load_profile
+from csv_rows import write_rows
 
 MODEL = get_model("qwen3-30b-a3b")          # 128 small experts (ffn 768): little GPU work per layer
 CLUSTER = load_cluster("b200x1024")
@@ -94,10 +95,6 @@ def test_the_csv_names_a_token_drop_run_and_not_a_dropless_one(tmp_path):
     assert "token-dropless" in base["notes"]
     rows = [base, {**base, "model_name": "Qwen3-30B-A3B (token-drop)"},
             {**base, "notes": base["notes"] + "; drop-and-pad"}, {**base, "notes": "capacity factor 1.0"}]
-    path = tmp_path / "drop.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(base))
-        w.writeheader()
-        w.writerows(rows)
+    path = write_rows(tmp_path / "drop.csv", rows)
     cases, errors = load_cases(path)
     assert errors == [] and [c.model.moe_token_drop for c in cases] == [False, True, True, True]

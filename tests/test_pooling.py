@@ -12,6 +12,7 @@ import pytest
 from costmodel.profiles import load_profile
 from costmodel.crossval import SCHEMES, fold_keys, held_out
 from costmodel.validate import fit_profiles, load_cases, release_of
+from csv_rows import write_rows
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
 FIELDS = ("gemm_efficiency", "comm_exposed", "memory_bound_efficiency")
@@ -196,11 +197,7 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     # Megatron's block method: that many layers of each model chunk; the uniform method's number is its chunk
     block = [{**base, "pp": "2", "vp": vp, "recompute": rc} for vp, rc in
              (("2", "full (block, 3 layers)"), ("none", "partial, 2 layers"), ("1", "full (uniform, 1 layer)"))]
-    path = tmp_path / "spelled.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(base))
-        w.writeheader()
-        w.writerows(variants + [off] + sharded + block + [{**base, "scored": "no"}])
+    path = write_rows(tmp_path / "spelled.csv", variants + [off] + sharded + block + [{**base, "scored": "no"}])
     cases, errors = load_cases(path)
     assert errors == [] and len(cases) == 11                             # "no" is not scored
     a, b, c = cases[0].plan, cases[1].plan, cases[2].plan
@@ -260,11 +257,7 @@ def test_a_dp_that_does_not_multiply_out_gives_way_to_the_gpu_count_and_an_optio
     assert int(base["dp"]) * tp * pp * cp == n
     rows = [base, {**base, "dp": str(n // (tp * pp))},                  # dp counted without cp
             {**base, "vp": "0", "cp": "0", "micro_batch": "0", "kv_heads": "0"}, {**base, "vp": "", "cp": "1"}]
-    path = tmp_path / "dp.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(base))
-        w.writeheader()
-        w.writerows(rows)
+    path = write_rows(tmp_path / "dp.csv", rows)
     cases, errors = load_cases(path)
     assert errors == [] and len(cases) == 4
     assert cases[1].plan == cases[0].plan and f"dp={base['dp']} (num_gpus / (tp x pp x cp); the row's " \
@@ -291,11 +284,7 @@ def test_a_moe_row_giving_its_familys_dense_ffn_keeps_the_expert_width(tmp_path)
 
     base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["model_name"] == "DeepSeek-V3")
     assert base["ffn_hidden"] == "2048"
-    path = tmp_path / "ffn.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(base))
-        w.writeheader()
-        w.writerows([base, {**base, "ffn_hidden": "18432"}, {**base, "ffn_hidden": "4096"}])
+    path = write_rows(tmp_path / "ffn.csv", [base, {**base, "ffn_hidden": "18432"}, {**base, "ffn_hidden": "4096"}])
     (a, dense, other), errors = load_cases(path)
     assert errors == []
     assert a.model.moe_ffn_hidden == dense.model.moe_ffn_hidden == 2048 and other.model.moe_ffn_hidden == 4096
@@ -315,11 +304,7 @@ def test_an_unpublished_interleaving_of_a_megatron_core_run_is_the_fastest_that_
     base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["model_name"] == "Llama3-70B"
                 and r["pp"] == "4" and r["vp"] == "5")
     rows = [{**base, "vp": ""}, base, {**base, "vp": "", "framework": "megatron-lm-2021"}]
-    path = tmp_path / "vp.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(base))
-        w.writeheader()
-        w.writerows(rows)
+    path = write_rows(tmp_path / "vp.csv", rows)
     (blank, given, old), errors = load_cases(path)
     assert errors == [] and not blank.vpp_known and given.vpp_known and not old.vpp_known
     # 80 layers over pp 4: chunks of 20 / v layers (v dividing 20, or 82 / 4v), each accepted by the rules.

@@ -12,7 +12,6 @@ About 6 minutes on 2 cores.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,12 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import costmodel.recalibrate as recalibrate  # noqa: E402
 from costmodel.crossval import held_out, one_run_calibration_cv, pool_one_run  # noqa: E402
-from costmodel.crossval import per_source as cross_per_source  # noqa: E402
 from costmodel.validate import fit_profiles, load_cases  # noqa: E402
+from held_out_sources import run  # noqa: E402
 
 WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0)
 FIGURES = ("same_model", "same_release", "other_models", "other_models_same_release")
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "validation" / "published_runs.csv"
 
 
 def _unsupported(profiles: dict) -> dict:
@@ -48,13 +46,7 @@ def fold(args: tuple[str, str]) -> tuple[str, dict[str, dict]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
-    ap.add_argument("--json", help="write the pooled figures to this file")
-    ap.add_argument("--workers", type=int, default=None)
-    args = ap.parse_args()
-    per_source = cross_per_source(fold, args.csv, args.workers,
-                                  lambda s: print(f"{s}: done", file=sys.stderr, flush=True))
+    args, per_source = run(__doc__, fold, "write the pooled figures to this file")
     sources = sorted(per_source)
     labels = ["sensitivity alone", *map(str, WEIGHTS)]
     pooled = {label: pool_one_run([per_source[s][label] for s in sources]) for label in labels}

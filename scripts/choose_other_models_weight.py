@@ -11,7 +11,6 @@ each candidate. Prints MAPE and median over all pairs and averaged per source. A
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,12 +20,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.crossval import held_out  # noqa: E402
-from costmodel.crossval import per_source as by_source  # noqa: E402
 from costmodel.recalibrate import recalibrate  # noqa: E402
 from costmodel.validate import abs_percent_error, fit_profiles, load_cases, measurements_for, predict_case  # noqa: E402
+from held_out_sources import run  # noqa: E402
 
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "validation" / "published_runs.csv"
 
 
 def fold(args: tuple[str, str]) -> tuple[str, dict[float, list[float]]]:
@@ -57,13 +55,7 @@ def fold(args: tuple[str, str]) -> tuple[str, dict[float, list[float]]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
-    ap.add_argument("--json", help="write the per-source errors to this file")
-    ap.add_argument("--workers", type=int, default=None)
-    args = ap.parse_args()
-    per_source = by_source(fold, args.csv, args.workers,
-                           lambda s: print(f"{s}: done", file=sys.stderr, flush=True))
+    args, per_source = run(__doc__, fold, "write the per-source errors to this file")
     print(f"{'weight':>6} {'pairs':>6} {'MAPE %':>7} {'median %':>9} {'per-source MAPE %':>18}")
     for w in WEIGHTS:
         every = [x for e in per_source.values() for x in e[w]]

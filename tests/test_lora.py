@@ -18,6 +18,7 @@ from costmodel.plan import PlanArrays
 from costmodel.profiles import InputError, load_cluster
 from costmodel.validate import finetune_of, load_cases, predict_case
 from planner.cli import main
+from csv_rows import write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "data" / "validation" / "published_runs.csv"
@@ -74,12 +75,7 @@ def _lora_rows_scored(tmp_path: Path) -> Path:
     """The published LoRA runs (left unscored in the shared CSV), scored."""
     reader = csv.DictReader(io.StringIO(CSV.read_text()))
     rows = [dict(r, scored="true") for r in reader if "lora" in r["model_name"].lower()]
-    out = tmp_path / "lora.csv"
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=reader.fieldnames)
-        w.writeheader()
-        w.writerows(rows)
-    return out
+    return write_rows(tmp_path / "lora.csv", rows)
 
 
 def test_published_lora_runs_are_predicted_as_lora(tmp_path):

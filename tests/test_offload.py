@@ -19,6 +19,7 @@ from costmodel.validate import load_cases, recompute_named
 from planner.cli import main
 from planner.outputs import megatron_args, parse_megatron_args
 from planner.space import valid_plans
+from csv_rows import write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "data" / "validation" / "published_runs.csv"
@@ -147,11 +148,7 @@ def test_published_rows_read_offloading_and_an_unknown_setting_takes_the_fastest
     rows = list(csv.DictReader(CSV.open()))
     base = next(r for r in rows if r["scored"] == "true" and r["gpu_type"] == "GB200"
                 and r["model_name"] == "Llama3-70B" and "fsdp" in r["zero_stage_or_distopt"].lower())
-    path = tmp_path / "off.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows([{**base, "recompute": "cpu offloading, 40 layers"}, base])
+    path = write_rows(tmp_path / "off.csv", [{**base, "recompute": "cpu offloading, 40 layers"}, base])
     cases, errors = load_cases(path)
     assert errors == [] and cases[0].plan.recompute == "offload" and cases[0].plan.recompute_layers == 40
     assert cases[0].recompute_known and not cases[1].recompute_known

@@ -148,11 +148,7 @@ def test_cross_validate_predicts_every_row_of_each_held_out_source_once(tmp_path
     rows = list(csv.DictReader(DATA.open()))
     keep = ("MLM_PAPER_T1", "KORTHIKANTI2022", "MLM_README_H100_2024")
     sub = [r for r in rows if r["source_id"] in keep]
-    path = tmp_path / "three_sources.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(sub)
+    path = write_rows(tmp_path / "three_sources.csv", sub)
     cv = cross_validate(path, workers=1, schemes=("source",))
     folds = cv["schemes"]["source"]["folds"]
     assert sorted(f["left_out"] for f in folds) == sorted(keep)
@@ -218,11 +214,7 @@ def test_a_precision_column_that_names_no_format_is_bf16_or_fp16_without_bf16(tm
     v100 = next(r for r in rows if r["scored"] == "true" and r["gpu_type"].startswith("V100"))
     h100 = next(r for r in rows if r["scored"] == "true" and r["gpu_type"] == "H100" and r["precision"] == "bf16")
     out = [{**r, "precision": p} for r in (v100, h100) for p in ("", "mixed precision", "Unknown")]
-    path = tmp_path / "vague.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(out)
+    path = write_rows(tmp_path / "vague.csv", out)
     cases, errors = load_cases(path)
     assert errors == [] and [c.model.precision for c in cases] == ["fp16"] * 3 + ["bf16"] * 3
     assert any("precision=fp16 (the row says 'mixed precision')" in a for a in cases[1].assumed)
@@ -329,11 +321,7 @@ def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
     rows = {r["model_name"]: r for r in csv.DictReader(DATA.open()) if r["source_id"] == "NEMO_PERF_24.07"}
     picked = [rows["LLAMA2-7B"], rows["Nemotron-8B"], rows["GPT3-5B"], {**rows["Nemotron-8B"], "vocab": "32000"}]
     assert all(r["vocab"] == "" for r in picked[:3])
-    path = tmp_path / "named.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, list(picked[0]))
-        w.writeheader()
-        w.writerows(picked)
+    path = write_rows(tmp_path / "named.csv", picked)
     (llama, nemo, gpt, given), errors = load_cases(path)
     assert errors == []
     assert (llama.model.vocab, nemo.model.vocab, gpt.model.vocab, given.model.vocab) == (32000, 256000, 51200, 32000)

@@ -21,6 +21,7 @@ from costmodel.recalibrate import recalibrate
 from costmodel.runlog import gpu_in_log, parse_arguments, parse_iterations, parse_megatron_log
 from costmodel.validate import load_cases, predict_case
 from planner.cli import main
+from csv_rows import write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log"
@@ -339,12 +340,7 @@ def one_row_csv(tmp_path: Path, match) -> tuple[Path, int]:
     index in the full file (``plan validate``'s row number)."""
     reader = csv.DictReader(io.StringIO(CSV.read_text()))
     i, row = next((i, r) for i, r in enumerate(reader) if r["scored"] == "true" and match(r))
-    out = tmp_path / "RUNS.csv"
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=reader.fieldnames)
-        w.writeheader()
-        w.writerow(row)
-    return out, i
+    return write_rows(tmp_path / "RUNS.csv", [row]), i
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:

@@ -19,6 +19,7 @@ from costmodel.plan import ParallelPlan, PlanArrays
 from costmodel.profiles import load_cluster
 from planner.cli import main
 from planner.search import exhaustive, optuna_search, ranked
+from csv_rows import write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "data" / "validation" / "published_runs.csv"
@@ -181,11 +182,7 @@ def test_rank_by_p90_changes_exhaustive_and_optuna(m70):
 
 def test_validate_json_has_interval_fields(tmp_path, capsys):
     rows = list(csv.DictReader(PUBLISHED.read_text().splitlines()))
-    small = tmp_path / "runs.csv"
-    with small.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows([r for r in rows if r["scored"] == "true"][:6])
+    small = write_rows(tmp_path / "runs.csv", [r for r in rows if r["scored"] == "true"][:6])
     out = tmp_path / "v.json"
     assert main(["validate", str(small), "--json", str(out)]) == 0
     text = capsys.readouterr().out

@@ -16,6 +16,32 @@ _REF_DIM = 8192.0
 # A100 peak forward and 35-63% backward; FlashAttention-3 (Shah et al. 2024) 75% forward on H100.
 ATTN_FWD_EFFICIENCY = 0.70
 ATTN_BWD_EFFICIENCY = 0.55
+# How the fused attention core's throughput depends on the key/value length one call sees (s / cp), as
+# measured by kernel microbenchmarks, relative to 8,192 tokens where the constants above apply: NVIDIA
+# cudnn-frontend benchmark/sdpa_benchmark_training, artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB200.csv
+# (cudnn_fe backend, as Transformer Engine calls it; bf16, causal, head dim 128, batch 1, 128 query / 8 KV
+# heads), forward and backward TFLOP/s; copied to data/validation/attention.csv. Below 512 tokens the rate
+# falls in proportion to the length; beyond 32k it is held.
+ATTN_KV_TOKENS = (512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
+ATTN_FWD_TFLOPS_BY_KV = (408.0, 733.0, 1069.0, 1386.0, 1584.0, 1668.0, 1681.0)
+ATTN_BWD_TFLOPS_BY_KV = (329.0, 527.0, 655.0, 1054.0, 1211.0, 1304.0, 1348.0)
+ATTN_REF_KV_TOKENS = 8192.0
+
+
+def attention_length_factor(kv_tokens) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward attention throughput at ``kv_tokens`` relative to ATTN_REF_KV_TOKENS (measured;
+    interpolated in log2 of the length)."""
+    kv = np.maximum(np.asarray(kv_tokens, dtype=float), 1.0)
+    lo = ATTN_KV_TOKENS[0]
+    xs = np.log2(ATTN_KV_TOKENS)
+    x = np.log2(np.maximum(kv, lo))
+    short = np.minimum(kv / lo, 1.0)
+    ref = np.log2(ATTN_REF_KV_TOKENS)
+    fwd = np.interp(x, xs, ATTN_FWD_TFLOPS_BY_KV) / np.interp(ref, xs, ATTN_FWD_TFLOPS_BY_KV)
+    bwd = np.interp(x, xs, ATTN_BWD_TFLOPS_BY_KV) / np.interp(ref, xs, ATTN_BWD_TFLOPS_BY_KV)
+    return fwd * short, bwd * short
+
+
 # No achieved matmul efficiency in data/validation/gemm.csv exceeds 0.97 (Gaudi 2) and no NVIDIA one 0.87 of the
 # vendor peak: a calibration factor may not push a GEMM past this (a bound with margin, not fitted).
 MAX_GEMM_EFFICIENCY = 0.92
@@ -54,12 +80,14 @@ def attention_time_s(profile: HardwareProfile, fwd_flops, seq_len_local, head_di
     keep it in bf16).
 
     Backward does 2.5x the forward FLOPs (dQ, dK, dV plus recomputing the scores).
-    Short sequences and narrow heads run less efficiently (same saturating curve on min(s, 8*d)).
+    Short sequences and narrow heads run less efficiently (same saturating curve on min(s, 8*d)), and the
+    rate follows the measured dependence on the key/value length (attention_length_factor).
     """
     shape_dim = np.minimum(np.asarray(seq_len_local, dtype=float), 8.0 * head_dim)
     base = gemm_efficiency(profile, dtype, shape_dim) * profile.calibration.attention_efficiency
-    fwd = np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_FWD_EFFICIENCY)
-    bwd = 2.5 * np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_BWD_EFFICIENCY)
+    len_f, len_b = attention_length_factor(seq_len_local)
+    fwd = np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_FWD_EFFICIENCY * len_f)
+    bwd = 2.5 * np.asarray(fwd_flops, dtype=float) / (profile.peak(dtype) * base * ATTN_BWD_EFFICIENCY * len_b)
     return fwd, bwd
 
 

@@ -59,7 +59,8 @@ def expert_fractions(histogram) -> np.ndarray:
         raise ValueError(f"expected a list of per-expert numbers or a list of them per layer, got shape {h.shape}")
     if not np.isfinite(h).all() or (h < 0).any():
         raise ValueError("counts must be finite and >= 0")
-    sums = h.sum(axis=1)
+    with np.errstate(over="ignore"):   # an overflowing total is refused just below, not warned about
+        sums = h.sum(axis=1)
     if not np.isfinite(sums).all():
         raise ValueError("counts too large: a layer's total overflows float64")
     empty = np.flatnonzero(sums <= 0)

@@ -45,6 +45,14 @@ def fold(args: tuple[str, str]) -> tuple[str, dict[str, dict]]:
     return source, out
 
 
+def _cell(fig: dict) -> str:
+    """MAPE / median (pairs) of one pooled figure; a dash where the sources gave it no pairs (a subset without
+    release groups or second models)."""
+    if not fig["count"]:
+        return "- (0)"
+    return f"{fig['mape']:>6.2f} / {fig['median_ape']:>5.2f} ({fig['count']})"
+
+
 def main() -> int:
     args, per_source = run(__doc__, fold, "write the pooled figures to this file")
     sources = sorted(per_source)
@@ -52,8 +60,7 @@ def main() -> int:
     pooled = {label: pool_one_run([per_source[s][label] for s in sources]) for label in labels}
     print(f"{'weight':>17} " + " ".join(f"{f:>27}" for f in FIGURES))
     for label in labels:
-        cells = [f"{pooled[label][f]['mape']:>6.2f} / {pooled[label][f]['median_ape']:>5.2f} ({pooled[label][f]['count']})"
-                 for f in FIGURES]
+        cells = [_cell(pooled[label][f]) for f in FIGURES]
         print(f"{label:>17} " + " ".join(f"{c:>27}" for c in cells))
     if args.json:
         Path(args.json).write_text(json.dumps({label: {f: {k: pooled[label][f][k] for k in ("count", "mape", "median_ape")}

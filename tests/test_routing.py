@@ -283,3 +283,16 @@ def test_plan_routing_out_records_placement(tmp_path, capsys, qwen):
     for layer in load["experts_by_rank"]:
         assert len(layer) == ep and sorted(sum(layer, [])) == list(range(128))
         assert {len(r) for r in layer} == {128 // ep}
+
+
+def test_overflowing_histogram_is_refused_without_a_numpy_warning():
+    """A histogram whose layer total overflows float64 gets the one-line error, not a RuntimeWarning first
+    (the fuzz test of the routing reader runs under any warning filter)."""
+    import warnings
+
+    from costmodel.routing import expert_fractions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="overflows float64"):
+            expert_fractions([[1e308] * 128])

@@ -1,0 +1,54 @@
+"""The attention-length constants of costmodel/compute.py are the measurements in data/validation/attention.csv,
+and the attention core follows them."""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodel import compute
+from costmodel.profiles import load_profile
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "validation" / "attention.csv"
+
+
+def _rows(source: str) -> list[dict]:
+    with open(DATA, newline="") as f:
+        return [r for r in csv.DictReader(f) if r["source_id"] == source]
+
+
+def test_length_curve_is_the_gb200_cudnn_measurement():
+    rows = {int(r["kv_tokens"]): r for r in _rows("CUDNN_FE_SDPA_GB200")}
+    for kv, fwd, bwd in zip(compute.ATTN_KV_TOKENS, compute.ATTN_FWD_TFLOPS_BY_KV, compute.ATTN_BWD_TFLOPS_BY_KV):
+        assert float(rows[int(kv)]["fwd_tflops"]) == fwd
+        assert float(rows[int(kv)]["bwd_tflops"]) == bwd
+
+
+def test_length_factor_is_one_at_8k_and_falls_for_short_sequences():
+    fwd, bwd = compute.attention_length_factor(np.array([8192.0, 2048.0, 256.0, 1e6]))
+    assert fwd[0] == pytest.approx(1.0) and bwd[0] == pytest.approx(1.0)
+    assert fwd[1] == pytest.approx(1069 / 1584) and bwd[1] == pytest.approx(655 / 1211)
+    assert fwd[2] == pytest.approx(408 / 1584 / 2) and bwd[2] == pytest.approx(329 / 1211 / 2)
+    assert fwd[3] == pytest.approx(1681 / 1584)   # held beyond 32k
+
+
+def test_attention_core_time_follows_the_length_factor():
+    """The same FLOPs at 2,048 tokens take 1584/1069 of their time at 8,192 tokens (forward), 1211/655 (backward)."""
+    prof = load_profile("H100")
+    f8, b8 = compute.attention_time_s(prof, 1e12, 8192.0, 128)
+    f2, b2 = compute.attention_time_s(prof, 1e12, 2048.0, 128)
+    assert f2 / f8 == pytest.approx(1584 / 1069, rel=1e-6)
+    assert b2 / b8 == pytest.approx(1211 / 655, rel=1e-6)
+
+
+def test_other_blackwell_measurements_agree_on_the_long_sequence_shape():
+    """B200 and GB300 (PyTorch SDPA's cuDNN backend) rise from 8k to 32k tokens by 14-21% where GB200 rises by
+    5-6%: within 15% of the curve the model uses for every GPU (their level is each profile's)."""
+    gb200 = {int(r["kv_tokens"]): float(r["fwd_tflops"]) for r in _rows("CUDNN_FE_SDPA_GB200")}
+    for src in ("CUDNN_FE_SDPA_B200", "CUDNN_FE_SDPA_GB300"):
+        other = {int(r["kv_tokens"]): float(r["fwd_tflops"]) for r in _rows(src)}
+        for kv in (16384, 32768):
+            ours = gb200[kv] / gb200[8192]
+            theirs = other[kv] / other[8192]
+            assert abs(theirs / ours - 1) < 0.15, (src, kv, ours, theirs)

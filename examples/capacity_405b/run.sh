@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 args=(--model 405b --tokens 15T --deadline 90d --global-batch 2048 --min-gpus 1024
       --cluster clusters/h100.yaml clusters/h200.yaml clusters/b200.yaml)
-plan capacity "${args[@]}" --plot capacity_405b.png || true      # exit 1 would mean: deadline not met
+# Exit 1 means "deadline not met" (still a full answer); any other failure stops the script.
+ok() { "$@" || { rc=$?; [ "$rc" -eq 1 ] || exit "$rc"; }; }
+ok plan capacity "${args[@]}" --plot capacity_405b.png
 # Floats rounded to 6 significant digits, so that a rerun does not rewrite the tracked file with last-digit noise.
 round6='import json, sys
 def r(x):
@@ -15,4 +17,6 @@ def r(x):
         return [r(v) for v in x]
     return {k: r(v) for k, v in x.items()} if isinstance(x, dict) else x
 print(json.dumps(r(json.load(sys.stdin)), indent=1))'
-plan capacity "${args[@]}" --json | python3 -c "$round6" > capacity_405b.json || true
+ok plan capacity "${args[@]}" --json > capacity_405b.json.tmp
+python3 -c "$round6" < capacity_405b.json.tmp > capacity_405b.json.new && mv capacity_405b.json.new capacity_405b.json
+rm -f capacity_405b.json.tmp

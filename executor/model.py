@@ -57,6 +57,9 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
         if model.dense_layers:
             kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
         kw.update(_router(model))
+        if model.moe_token_drop:
+            # As the emitted --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity.
+            kw.update(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)
     if plan.recompute == "full":
         layers = plan.recompute_layers
         kw.update(recompute_granularity="full", recompute_method="uniform" if layers is None else "block",

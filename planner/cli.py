@@ -95,6 +95,10 @@ def _model_flags(ap: argparse.ArgumentParser, then=lambda ap: None) -> None:
     ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
     ap.add_argument("--finetune", default="full", help="full (pretraining, SFT: every weight trains) or lora "
                     "(adapters on frozen weights: no weight gradients, gradient reduction or optimizer state)")
+    ap.add_argument("--moe-token-drop", action="store_true",
+                    help="MoE layers drop tokens over an expert capacity and pad to it (megatron-core "
+                         "--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity): static shapes, so "
+                         "no per-layer host sync (default: dropless)")
     ap.add_argument("--global-batch", type=_count, default=None, help="sequences per step (default: ~4M tokens)")
 
 

@@ -303,6 +303,13 @@ def _moe_flags(model: ModelSpec, f: _Flags) -> None:
             f.out += [f"--moe-router-num-groups {model.moe_router_groups}",
                     f"--moe-router-group-topk {model.moe_router_group_topk}"]
         f.out.append("--moe-token-dispatcher-type alltoall")
+        if model.moe_token_drop:
+            # arguments.py _add_moe_args: '--moe-expert-capacity-factor' ("The capacity factor for each expert,
+            # None means no token will be dropped") and '--moe-pad-expert-input-to-capacity' ("Pads the input for
+            # each expert to match the expert capacity length, effective only after the
+            # --moe-expert-capacity-factor is set"). Capacity 1.0 padded: every expert runs the balanced load
+            # the cost model prices, with static shapes.
+            f.out += ["--moe-expert-capacity-factor 1.0", "--moe-pad-expert-input-to-capacity"]
     # arguments.py _add_network_size_args: '--mtp-num-layers' ("Number of Multi-Token Prediction (MTP) Layers").
     if model.mtp_layers:
         f.out.append(f"--mtp-num-layers {model.mtp_layers}")

@@ -157,6 +157,17 @@ def with_finetune(model, finetune: str):
     return model if key == model.finetune else model.model_copy(update={"finetune": key})
 
 
+def with_token_drop(model, token_drop: bool):
+    """The model with --moe-token-drop: its MoE layers drop tokens over a capacity and pad to it (static shapes,
+    no per-layer token counts to the host, so no host floor: ModelSpec.moe_token_drop). One-line error for a
+    dense model."""
+    if not token_drop:
+        return model
+    if not model.is_moe:
+        raise InputError(f"--moe-token-drop: {model.name} has no experts (the flag is for MoE models)")
+    return model.model_copy(update={"moe_token_drop": True})
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A model on a cluster, as ``plan`` and ``plan autotune`` take it (the field names are the flags' dests)."""
@@ -171,6 +182,8 @@ class PlanRequest:
     """None: the model's (bf16 becomes fp16 on GPUs without bf16)."""
     finetune: str = "full"
     """What the step trains: full (every weight) or lora (adapters on frozen weights)."""
+    moe_token_drop: bool = False
+    """MoE layers drop tokens over a capacity and pad to it (--moe-token-drop)."""
     global_batch: int | None = None
     """Sequences per step; None: ~4M tokens (HOST_SEQUENCES_PER_RANK per rank on CPU ranks with host_batch)."""
     profile_file: str | None = None
@@ -191,7 +204,8 @@ class PlanRequest:
         from costmodel.catalog import get_model
         from costmodel.profiles import load_cluster
 
-        model = with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision), self.finetune)
+        model = with_token_drop(with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision),
+                                              self.finetune), self.moe_token_drop)
         cluster = load_cluster(self.cluster)
         override = _profile_override(self.profile_file)
         if override is not None:
@@ -385,6 +399,7 @@ class CapacityRequest:
     seq_len: int | None = None
     precision: str | None = None
     finetune: str = "full"
+    moe_token_drop: bool = False
     global_batch: int | None = None
     compression: str = "none"
     """DP gradient compression: none, int8, int4."""
@@ -407,7 +422,8 @@ class CapacityRequest:
         from costmodel.goodput import CheckpointPolicy, FailureModel
         from planner.capacity import Assumptions, default_tokens, parse_duration, parse_money, parse_tokens
 
-        model = with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision), self.finetune)
+        model = with_token_drop(with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision),
+                                              self.finetune), self.moe_token_drop)
         if not self.failure_scale >= 0:
             raise InputError(f"--failure-scale {self.failure_scale}: expected a factor >= 0 (1 = the Llama 3 rates)")
         fm = FailureModel()

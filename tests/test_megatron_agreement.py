@@ -107,3 +107,18 @@ def test_executor_config_has_the_architecture_the_flags_give(name):
         assert cfg.moe_router_pre_softmax == ("--moe-router-pre-softmax " in flags)
         if cfg.moe_router_num_groups:
             assert f"--moe-router-num-groups {cfg.moe_router_num_groups} " in flags
+
+
+def test_token_drop_flags_and_config_agree():
+    """--moe-token-drop: the emitted flags and the config `plan run` builds both set capacity factor 1.0 with
+    padding to capacity; a dropless model sets neither."""
+    model = get_model("qwen3-30b-a3b")
+    plan = ParallelPlan(tp=1, pp=1, ep=8, dp=8, global_batch=64)
+    dropless = " ".join(megatron_args(model, plan)) + " "
+    assert "--moe-expert-capacity-factor" not in dropless
+    assert megatron_config(model, plan).moe_expert_capacity_factor is None
+    drop = model.model_copy(update={"moe_token_drop": True})
+    flags = " ".join(megatron_args(drop, plan)) + " "
+    assert "--moe-expert-capacity-factor 1.0 " in flags and "--moe-pad-expert-input-to-capacity " in flags
+    cfg = megatron_config(drop, plan)
+    assert cfg.moe_expert_capacity_factor == 1.0 and cfg.moe_pad_expert_input_to_capacity is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,8 @@ from costmodel.estimate import MOE_HOST_FIXED_S, MOE_HOST_PER_EXPERT_S, estimate
 from costmodel.plan import PlanArrays
 from costmodel.profiles import load_cluster, load_profile
 from csv_rows import write_rows
+
+CLUSTER_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "clusters"
 
 MODEL = get_model("qwen3-30b-a3b")          # 128 small experts (ffn 768): little GPU work per layer
 CLUSTER = load_cluster("b200x1024")
@@ -98,3 +102,39 @@ def test_the_csv_names_a_token_drop_run_and_not_a_dropless_one(tmp_path):
     path = write_rows(tmp_path / "drop.csv", rows)
     cases, errors = load_cases(path)
     assert errors == [] and [c.model.moe_token_drop for c in cases] == [False, True, True, True]
+
+
+def test_plan_check_takes_moe_token_drop(capsys, tmp_path):
+    """`--moe-token-drop` reaches the cost model (no host floor: the host-bound 8-GPU micro-batch-1 layout gets
+    faster), the emitted Megatron flags (capacity factor 1.0, padded) and plan capacity; a dense model is a
+    one-line exit-2 error."""
+    import json
+
+    import yaml
+
+    from planner.cli import main
+
+    cluster = yaml.safe_load((CLUSTER_DIR / "b200x1024.yaml").read_text())
+    cluster["nodes"] = 1
+    path = tmp_path / "b200x8.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    argv = ["check", "--model", "qwen3-30b-a3b", "--cluster", str(path), "--tp", "1", "--pp", "1", "--ep", "8",
+            "--dp", "8", "--micro-batch", "1", "--global-batch", "512", "--json"]
+    times = []
+    for extra in ([], ["--moe-token-drop"]):
+        rc = main(argv + extra)
+        assert rc == 0
+        times.append(json.loads(capsys.readouterr().out)["estimate"]["step_time_s"])
+    assert times[1] < 0.9 * times[0]
+    out = tmp_path / "plan"
+    assert main(["--model", "qwen3-30b-a3b", "--cluster", str(path), "--global-batch", "512", "--moe-token-drop",
+                 "--top", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert "--moe-expert-capacity-factor 1.0" in (out / "megatron_args.txt").read_text()
+    assert json.loads((out / "plan.json").read_text())["model"]["moe_token_drop"] is True
+    assert main(["capacity", "--model", "qwen3-30b-a3b", "--cluster", str(path), "--tokens", "1B",
+                 "--moe-token-drop", "--json"]) in (0, 1)
+    capsys.readouterr()
+    rc = main(["check", "--model", "70b", "--cluster", str(path), "--tp", "8", "--moe-token-drop"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--moe-token-drop" in err and len(err.strip().splitlines()) == 1

@@ -627,9 +627,12 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     published run was tuned by the people who ran it."""
     prof = profile or load_profile(case.cluster.gpu)
     layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, case.cluster.num_gpus)
-    base = [q for p in layouts for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
-    plans = base + [q for p in sharding_fallbacks(case.plan)
-                    for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
+
+    def with_recompute(ps: list[ParallelPlan]) -> list[ParallelPlan]:
+        return [q for p in ps for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
+
+    base = with_recompute(layouts)
+    plans = base + with_recompute(sharding_fallbacks(case.plan))
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     assumed = list(case.assumed)

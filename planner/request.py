@@ -168,6 +168,15 @@ def with_token_drop(model, token_drop: bool):
     return model.model_copy(update={"moe_token_drop": True})
 
 
+def requested_model(req):
+    """The catalog model a request names, at its --seq-len / --precision, trained as --finetune says, with
+    --moe-token-drop (PlanRequest and CapacityRequest share these fields)."""
+    from costmodel.catalog import get_model
+
+    model = get_model(req.model, seq_len=req.seq_len, precision=req.precision)
+    return with_token_drop(with_finetune(model, req.finetune), req.moe_token_drop)
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """A model on a cluster, as ``plan`` and ``plan autotune`` take it (the field names are the flags' dests)."""
@@ -201,11 +210,9 @@ class PlanRequest:
 
     def load_target(self):
         """(model, cluster): loaded, --profile applied, the model in a precision the cluster runs."""
-        from costmodel.catalog import get_model
         from costmodel.profiles import load_cluster
 
-        model = with_token_drop(with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision),
-                                              self.finetune), self.moe_token_drop)
+        model = requested_model(self)
         cluster = load_cluster(self.cluster)
         override = _profile_override(self.profile_file)
         if override is not None:
@@ -417,13 +424,11 @@ class CapacityRequest:
 
     def resolve(self):
         """(model, compression, Assumptions) (one-line errors on bad values)."""
-        from costmodel.catalog import get_model
         from costmodel.compression import get_compression
         from costmodel.goodput import CheckpointPolicy, FailureModel
         from planner.capacity import Assumptions, default_tokens, parse_duration, parse_money, parse_tokens
 
-        model = with_token_drop(with_finetune(get_model(self.model, seq_len=self.seq_len, precision=self.precision),
-                                              self.finetune), self.moe_token_drop)
+        model = requested_model(self)
         if not self.failure_scale >= 0:
             raise InputError(f"--failure-scale {self.failure_scale}: expected a factor >= 0 (1 = the Llama 3 rates)")
         fm = FailureModel()

@@ -168,6 +168,10 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
         # no TP, pipeline or data-parallel communication overlaps compute.
         fw = dict(fw, tp_exposed=1.0, p2p_exposed=1.0, dp_overlap=False, flash=False)
     dtype = compute.gemm_dtype(model.precision)
+    native = dtype not in ("fp8", "fp4") or "fp8" in prof.peak_flops
+    # A GPU without fp8 tensor cores (A100, V100) cannot run an fp8 recipe (Transformer Engine's fp8 needs compute
+    # capability 8.9): a plan asked for in fp8 there is costed as the bf16 run it falls back to.
+    dtype = dtype if native else "bf16"
     c = SimpleNamespace(model=model, cluster=cluster, a=a, prof=prof, fw=fw, cal=prof.calibration,
                         framework=framework, moe_imbalance=moe_imbalance, grad_compression=grad_compression,
                         dtype=dtype, fp8=dtype in ("fp8", "fp4"),
@@ -177,7 +181,7 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     # and writes a row-wise and a column-wise (transposed) 1 B copy; MXFP8 adds 1/32 scales; NVFP4
     # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
     # (NVIDIA NVFP4 recipe, arXiv:2509.25149).
-    c.q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0)
+    c.q = {"fp8": 2.0, "mxfp8": 2.1, "nvfp4": 3.5}.get(model.precision, 0.0) if native else 0.0
     # Bytes per activation element: 2 (bf16/fp16 and the fp8 recipes' high-precision tensors), 4 for fp32
     # training (the executor on CPUs without bf16 arithmetic).
     c.eb = memory.activation_element_bytes(model.precision)

@@ -151,7 +151,10 @@ class HardwareProfile(FrozenSpec):
     """Dtypes the GPU has no tensor-core support for, listed in peak_flops with another dtype's figures so
     that plans in them can still be costed (V100: bf16 with the fp16 figures); ``supports`` says no."""
     gemm_half_efficiency_dim: float = Field(default=512.0, gt=0)
-    """Shape model: efficiency falls as d/(d + this) in the smallest GEMM dimension d."""
+    """Shape model: efficiency falls as d/(d + this) in the smallest GEMM dimension d. In YAML either a number
+    (the default 512 is the shape the curve was built with) or ``{value: ..., source: ...}`` for a measured one."""
+    gemm_half_efficiency_dim_source: str | None = None
+    """Key into the sources table for a measured gemm_half_efficiency_dim; None for the default."""
     gemm_efficiency_cap: float | None = Field(default=None, gt=0, le=1)
     """Largest fraction of peak_flops any GEMM may reach after calibration; None = the cost model's cap
     for vendor peaks (costmodel.compute.MAX_GEMM_EFFICIENCY). 1.0 where peak_flops is itself the best
@@ -219,6 +222,21 @@ class HardwareProfile(FrozenSpec):
         return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''} "
                 f"({cal.fitted_by}): {model.name} gets {cal.other_models_weight:.0%} of that update")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sourced_half_efficiency_dim(cls, data):
+        dim = data.get("gemm_half_efficiency_dim") if isinstance(data, dict) else None
+        if isinstance(dim, dict):
+            try:
+                sourced = Sourced(**dim)
+            except (ValidationError, TypeError) as e:
+                why = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+                raise ValueError(f"gemm_half_efficiency_dim: {why} (got {dim!r}); valid: a number, or "
+                                 "{value: number, source: id of the sources table}") from None
+            data = {**data, "gemm_half_efficiency_dim": sourced.value,
+                    "gemm_half_efficiency_dim_source": sourced.source}
+        return data
+
     @model_validator(mode="after")
     def _sources_resolve(self) -> HardwareProfile:
         used = [self.memory_bytes.source, self.hbm_bandwidth_bytes_per_s.source,
@@ -227,6 +245,7 @@ class HardwareProfile(FrozenSpec):
         used += [s.source for s in self.gemm_max_efficiency.values()]
         used += [c.source for c in self.curves]
         used += [g.source for g in self.gemm_points]
+        used += [self.gemm_half_efficiency_dim_source] if self.gemm_half_efficiency_dim_source else []
         missing = sorted({u for u in used if u not in self.sources})
         if missing:
             raise ValueError(f"source ids {missing} are not in the sources table")

@@ -313,3 +313,24 @@ def test_main_lists_the_subcommands():
     assert {"capacity", "whatif"} <= set(SUBCOMMANDS)
     assert main(["whatif", "--model", "8b", "--tokens", "1T", "--cluster", "h100x512", "--vary", "gpus=64",
                  "--json"]) == 0
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_costed_as_bf16():
+    """A100 has no fp8 peak: an fp8 model there runs (and is costed) as its bf16 fallback, step time and memory
+    alike, with no fp8 calibration factor or quantisation traffic; on H100 the same plans are faster in fp8."""
+    plans = PlanArrays.from_plans([
+        ParallelPlan(tp=2, pp=1, dp=512, micro_batch=1, global_batch=512, recompute="offload", zero_stage=3,
+                     distributed_optimizer=True),
+        ParallelPlan(tp=8, pp=2, dp=64, micro_batch=1, global_batch=512, recompute="selective")])
+    out = {}
+    for prec in ("bf16", "fp8"):
+        m = get_model("70b").model_copy(update={"precision": prec})
+        out[prec] = estimate_arrays(m, load_cluster("a100x1024"), plans)
+    assert np.array_equal(out["fp8"]["step_time_s"], out["bf16"]["step_time_s"])
+    np.testing.assert_array_equal(np.asarray(out["fp8"]["peak_memory_bytes"]),   # NaN pads unused stages
+                                  np.asarray(out["bf16"]["peak_memory_bytes"]))
+    h100 = {p: estimate_arrays(get_model("70b").model_copy(update={"precision": p}), load_cluster("h100x512"),
+                               PlanArrays.from_plans([ParallelPlan(tp=8, pp=2, dp=32, micro_batch=1,
+                                                                   global_batch=512, recompute="selective")]))
+            for p in ("bf16", "fp8")}
+    assert h100["fp8"]["step_time_s"][0] < 0.85 * h100["bf16"]["step_time_s"][0]

@@ -70,6 +70,8 @@ def test_profile_loads_and_is_sourced(path):
                                        "nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s")}
     used |= {v["source"] for k in ("peak_flops", "gemm_max_efficiency") for v in raw[k].values()}
     used |= {c["source"] for c in raw.get("curves") or []}
+    if isinstance(raw.get("gemm_half_efficiency_dim"), dict):
+        used.add(raw["gemm_half_efficiency_dim"]["source"])
     for k in ("host_link_bandwidth_bytes_per_s", "host_memory_bytes"):
         if raw.get(k):
             used.add(raw[k]["source"])

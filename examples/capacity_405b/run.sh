@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # 405B (Llama 3.1) on 15T tokens in 90 days: which of H100, H200 and B200 is cheapest, and at what size?
-# Writes capacity_405b.png and capacity_405b.json next to this script. About 2 minutes on 2 cores.
+# Writes capacity_405b.png and capacity_405b.json next to this script. About 1 minute on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")"
 args=(--model 405b --tokens 15T --deadline 90d --global-batch 2048 --min-gpus 1024

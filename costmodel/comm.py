@@ -137,7 +137,15 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
     Hierarchical dispatch as DeepEP and megatron-core's flex dispatcher run it: a token crosses the
     network once per destination domain (not once per expert) and fans out over NVLink there. With
     k experts drawn evenly over N domains a token reaches N*(1-(1-1/N)^k) distinct domains, (N-1)/N
-    of them remote; inside the domain each expert copy moves over NVLink.
+    of them remote. Over NVLink, too, it moves once per destination GPU, not once per expert: the flex
+    dispatcher's DeepEP and HybridEP kernels send a token to each rank holding any of its experts and
+    the rank copies it to its local experts (Megatron-Bridge's performance recipes run it, scripts/performance/
+    configs/deepseek/deepseek_workload_base_configs.py and configs/qwen/qwen3_workload_base_configs.py:
+    moe_flex_dispatcher_backend "hybridep" for DeepSeek-V3 on every GPU and Qwen3 on GB200 / GB300; Qwen3-235B
+    on B200 / B300 keeps the alltoall dispatcher, a copy per expert). With k experts over ``size`` GPUs a GPU
+    receives a given token with probability p = 1-(1-1/size)^k; each domain forwards to its other k_dom - 1
+    GPUs, N (k_dom - 1) p copies of a rank's tokens in all (own domain plus those it relays from its network
+    peers). For 8 experts over 8 GPUs that is 4.6 copies where a copy per expert would be 7.
     """
     token_bytes = np.asarray(token_bytes, dtype=float)
     size = np.asarray(size, dtype=float)
@@ -146,8 +154,9 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
     distinct = N * (1.0 - (1.0 - 1.0 / N) ** topk)
     remote = distinct * (N - 1.0) / N
     inter_bytes = token_bytes * remote
-    # Expert copies that land on other GPUs of the same domain (own tokens plus forwarded ones).
-    intra_bytes = token_bytes * topk * (k - 1.0) / np.maximum(size, 1.0) + inter_bytes * (k - 1.0) / np.maximum(k, 1.0)
+    # Copies that land on other GPUs of a domain (own tokens plus those relayed from the network), one per GPU.
+    p_gpu = 1.0 - (1.0 - 1.0 / np.maximum(size, 1.0)) ** topk
+    intra_bytes = token_bytes * p_gpu * (k - 1.0) * N
     t_intra = intra_bytes / _intra_busbw(profile, cluster, "all_to_all", token_bytes * topk)
     t_inter = inter_bytes / _inter_bw_per_gpu(cluster, N, np.maximum(inter_bytes, 1.0), all_to_all=True)
     t = np.maximum(t_intra, t_inter) + profile.latency_s("all_to_all") * np.where(N > 1, 2.0, 1.0)

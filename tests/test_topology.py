@@ -36,3 +36,26 @@ def test_torus_links_domains_directly():
     assert not any(d.get("kind") == "spine" for _, d in g.nodes(data=True))
     links = group_links(c, tp=8, cp=1, dp=64, pp=1)
     assert "torus" in links["dp"]["links"]
+
+
+def test_moe_dispatch_sends_a_token_once_per_destination_gpu():
+    """The flex dispatcher (DeepEP / HybridEP) moves a token over NVLink once per GPU holding any of its
+    experts: 8 experts over 8 GPUs in one domain reach 8(1-(7/8)^8) = 5.25 GPUs, 7/8 of them other GPUs
+    (4.59 copies), not 7 copies as one per expert would; over 64 GPUs in one domain, 64(1-(63/64)^8) x 63/64."""
+    import numpy as np
+
+    from costmodel.comm import _intra_busbw, moe_dispatch_time_s
+    from costmodel.profiles import load_profile
+
+    c = load_cluster("gb200-nvl72x8")
+    prof = load_profile("GB200")
+    token_bytes = 64e6
+    lat = prof.latency_s("all_to_all")
+    busbw = float(_intra_busbw(prof, c, "all_to_all", token_bytes * 8))
+    for size, copies in ((8, 7 * (1 - (7 / 8) ** 8)), (64, 63 * (1 - (63 / 64) ** 8))):
+        t = float(moe_dispatch_time_s(prof, c, token_bytes, 8, size, size, 1))
+        assert np.isclose(t, token_bytes * copies / busbw + lat, rtol=1e-9)
+    assert 4.58 < 7 * (1 - (7 / 8) ** 8) < 4.60
+    # One expert per token: the same as a copy per expert, (size - 1) / size of the tokens leave the GPU.
+    t1 = float(moe_dispatch_time_s(prof, c, token_bytes, 1, 8, 8, 1))
+    assert np.isclose(t1, token_bytes * 7 / 8 / float(_intra_busbw(prof, c, "all_to_all", token_bytes)) + lat)

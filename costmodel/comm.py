@@ -151,12 +151,15 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
     size = np.asarray(size, dtype=float)
     k = np.asarray(k, dtype=float)
     N = np.asarray(n_domains, dtype=float)
-    distinct = N * (1.0 - (1.0 - 1.0 / N) ** topk)
-    remote = distinct * (N - 1.0) / N
+
+    def reached(n):
+        # Probability that one of n equal places (domains, GPUs) holds any of the token's topk experts.
+        return 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** topk
+
+    remote = reached(N) * (N - 1.0)   # remote domains the token reaches
     inter_bytes = token_bytes * remote
     # Copies that land on other GPUs of a domain (own tokens plus those relayed from the network), one per GPU.
-    p_gpu = 1.0 - (1.0 - 1.0 / np.maximum(size, 1.0)) ** topk
-    intra_bytes = token_bytes * p_gpu * (k - 1.0) * N
+    intra_bytes = token_bytes * reached(size) * (k - 1.0) * N
     t_intra = intra_bytes / _intra_busbw(profile, cluster, "all_to_all", token_bytes * topk)
     t_inter = inter_bytes / _inter_bw_per_gpu(cluster, N, np.maximum(inter_bytes, 1.0), all_to_all=True)
     t = np.maximum(t_intra, t_inter) + profile.latency_s("all_to_all") * np.where(N > 1, 2.0, 1.0)

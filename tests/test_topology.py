@@ -1,9 +1,10 @@
 """The cluster topology graph (networkx) and which links each parallel group crosses."""
 
 import networkx as nx
+import numpy as np
 
-from costmodel.comm import group_links, group_span, topology_graph
-from costmodel.profiles import load_cluster
+from costmodel.comm import _intra_busbw, group_links, group_span, moe_dispatch_time_s, topology_graph
+from costmodel.profiles import load_cluster, load_profile
 
 
 def test_graph_has_every_gpu_and_is_connected():
@@ -42,11 +43,6 @@ def test_moe_dispatch_sends_a_token_once_per_destination_gpu():
     """The flex dispatcher (DeepEP / HybridEP) moves a token over NVLink once per GPU holding any of its
     experts: 8 experts over 8 GPUs in one domain reach 8(1-(7/8)^8) = 5.25 GPUs, 7/8 of them other GPUs
     (4.59 copies), not 7 copies as one per expert would; over 64 GPUs in one domain, 64(1-(63/64)^8) x 63/64."""
-    import numpy as np
-
-    from costmodel.comm import _intra_busbw, moe_dispatch_time_s
-    from costmodel.profiles import load_profile
-
     c = load_cluster("gb200-nvl72x8")
     prof = load_profile("GB200")
     token_bytes = 64e6

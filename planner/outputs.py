@@ -302,7 +302,6 @@ def _moe_flags(model: ModelSpec, f: _Flags) -> None:
         if model.moe_router_groups is not None:
             f.out += [f"--moe-router-num-groups {model.moe_router_groups}",
                     f"--moe-router-group-topk {model.moe_router_group_topk}"]
-        f.out.append("--moe-token-dispatcher-type alltoall")
         if model.moe_token_drop:
             # arguments.py _add_moe_args: '--moe-expert-capacity-factor' ("The capacity factor for each expert,
             # None means no token will be dropped") and '--moe-pad-expert-input-to-capacity' ("Pads the input for
@@ -375,6 +374,8 @@ def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_e
         f.out.append("--transformer-impl local")
         f.notes.append("# Transformer Engine needs compute capability 8.0: megatron-core's local implementation, "
                      "no --tp-comm-overlap")
+    if model.is_moe:
+        _dispatcher_flags(model, plan, f)
     # arguments.py _add_moe_args: '--moe-grouped-gemm' (the cost model prices, and the executor runs, grouped GEMMs).
     if model.is_moe:
         issue = _grouped_gemm_issue(model, transformer_engine)
@@ -386,6 +387,27 @@ def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_e
     # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
     f.notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "
                  f"pass --vocab-size {model.vocab})")
+
+
+def _dispatcher_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags) -> None:
+    """The MoE token dispatcher the estimate prices: with expert parallelism, the flex dispatcher, which sends a
+    token once to each node and each GPU holding any of its experts (costmodel/comm.py moe_dispatch_time_s)."""
+    # megatron-core 0.16.1 transformer_config.py: moe_token_dispatcher_type Literal['allgather', 'alltoall',
+    #   'flex']; moe_flex_dispatcher_backend Literal['deepep', 'hybridep'] ("Currently only 'hybridep' backend
+    #   supports the MNNVL case", i.e. NVLink domains beyond one node); __post_init__: "Flex token dispatcher with
+    #   deepep backend does not support moe_pad_expert_input_to_capacity". Megatron-Bridge's performance recipes
+    #   run flex / hybridep on H100, B200 and GB200 (scripts/performance/configs/deepseek/
+    #   deepseek_workload_base_configs.py).
+    if plan.ep > 1 and not model.moe_token_drop:
+        f.out += ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"]
+        f.notes.append("# flex / HybridEP dispatcher (needs DeepEP's hybrid-ep kernels installed), as the estimate "
+                       "prices it; --moe-token-dispatcher-type alltoall runs without them but sends a copy per "
+                       "expert, slower than estimated")
+        return
+    f.out.append("--moe-token-dispatcher-type alltoall")
+    if plan.ep > 1:
+        f.notes.append("# alltoall dispatcher: capacity padding needs it (DeepEP does not pad); the estimate prices "
+                       "the flex dispatcher's one copy per destination GPU, so expect slower dispatch")
 
 
 def _degree_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, layout: str | None) -> None:

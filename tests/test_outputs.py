@@ -130,7 +130,8 @@ def test_moe_and_mla_flags():
     args = megatron_args(ds, plan)
     for f, v in [("--num-experts", "256"), ("--moe-router-topk", "8"), ("--moe-ffn-hidden-size", "2048"),
                  ("--moe-shared-expert-intermediate-size", "2048"), ("--moe-layer-freq", "([0]*3+[1]*58)"),
-                 ("--moe-token-dispatcher-type", "alltoall"), ("--q-lora-rank", "1536"), ("--kv-lora-rank", "512"),
+                 ("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "hybridep"),
+                 ("--q-lora-rank", "1536"), ("--kv-lora-rank", "512"),
                  ("--qk-head-dim", "128"), ("--qk-pos-emb-head-dim", "64"), ("--v-head-dim", "128"),
                  ("--kv-channels", "128"), ("--expert-model-parallel-size", "64"),
                  ("--expert-tensor-parallel-size", "1")]:
@@ -148,6 +149,24 @@ def test_moe_and_mla_flags():
     # without --expert-tensor-parallel-size Megatron takes etp = tp
     no_etp = [a for a in mix if not a.startswith("--expert-tensor-parallel-size")]
     assert parse_megatron_args(no_etp, num_gpus=512)["etp"] == 4
+
+
+def test_moe_dispatcher_is_the_one_the_estimate_prices():
+    """Expert parallelism gets the flex dispatcher (one copy of a token per destination GPU, as
+    costmodel/comm.py prices it); without expert parallelism, or with capacity padding (which DeepEP does not
+    do), alltoall, and a note says the dispatch will be slower than estimated."""
+    qwen = get_model("qwen3-30b-a3b")
+    ep8 = megatron_args(qwen, ParallelPlan(tp=1, pp=1, ep=8, dp=8, global_batch=64))
+    assert (flag_value(ep8, "--moe-token-dispatcher-type"), flag_value(ep8, "--moe-flex-dispatcher-backend")) \
+        == ("flex", "hybridep")
+    ep1 = megatron_args(qwen, ParallelPlan(tp=2, pp=1, ep=1, dp=4, global_batch=64))
+    assert flag_value(ep1, "--moe-token-dispatcher-type") == "alltoall"
+    assert "--moe-flex-dispatcher-backend" not in " ".join(ep1)
+    assert not any(a.startswith("# alltoall") for a in ep1)
+    drop = megatron_args(qwen.model_copy(update={"moe_token_drop": True}),
+                         ParallelPlan(tp=1, pp=1, ep=8, dp=8, global_batch=64))
+    assert flag_value(drop, "--moe-token-dispatcher-type") == "alltoall"
+    assert any(a.startswith("# alltoall dispatcher: capacity padding") for a in drop)
 
 
 def test_pipeline_and_recompute_flags():

@@ -57,3 +57,18 @@ def test_moe_dispatch_sends_a_token_once_per_destination_gpu():
     # One expert per token: the same as a copy per expert, (size - 1) / size of the tokens leave the GPU.
     t1 = float(moe_dispatch_time_s(prof, c, token_bytes, 1, 8, 8, 1))
     assert np.isclose(t1, token_bytes * 7 / 8 / float(_intra_busbw(prof, c, "all_to_all", token_bytes)) + lat)
+
+
+def test_fitted_all_to_all_factor_scales_the_nvlink_part_of_the_dispatch_only():
+    """The profile's a2a_time is fitted to runs that keep expert parallelism inside one NVLink domain, so it
+    scales that part: inside a domain the transfer time moves with it, across 4 nodes (where the network part
+    is the longer one) the dispatch takes the network time whatever the factor."""
+    c = load_cluster("h100x512")
+    prof = load_profile("H100")
+    token_bytes = 64e6
+    lat = prof.latency_s("all_to_all")
+    inside = [float(moe_dispatch_time_s(prof, c, token_bytes, 8, 8, 8, 1, nvlink_factor=f)) for f in (1.0, 0.25)]
+    assert np.isclose(inside[1] - lat, 0.25 * (inside[0] - lat), rtol=1e-9)
+    across = [float(moe_dispatch_time_s(prof, c, token_bytes, 8, 32, 8, 4, nvlink_factor=f)) for f in (1.0, 0.25, 2.0)]
+    assert across[0] > inside[0]                      # the network part sets the pace
+    assert np.isclose(across[1], across[0], rtol=1e-12) and np.isclose(across[2], across[0], rtol=1e-12)

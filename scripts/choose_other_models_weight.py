@@ -4,7 +4,10 @@ OTHER_MODELS_WEIGHT).
 For each source of the published runs: fit the profiles without it (as ``plan validate --cross-validate``
 does), then in each (source, GPU) group with two or more models calibrate on each model's first run and
 predict the group's runs of other architectures, with the calibrated profile's ``other_models_weight`` set to
-each candidate. Prints MAPE and median over all pairs and averaged per source. About 3 minutes on 2 cores.
+each candidate. Prints MAPE and median over all pairs and averaged per source; then the same inside each
+software release of a source (source, release, GPU: one stack, as a user's cluster runs it), over all pairs
+and split by whether the anchor and the predicted model are of one kind (dense or MoE) and precision.
+About 6 minutes on 2 cores.
 
     python scripts/choose_other_models_weight.py [data/validation/published_runs.csv] [--json OUT]
 """
@@ -27,42 +30,66 @@ from held_out_sources import run  # noqa: E402
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
 
-def fold(args: tuple[str, str]) -> tuple[str, dict[float, list[float]]]:
+def _kind(case) -> tuple[bool, str]:
+    return case.model.num_experts > 0, case.model.precision
+
+
+def fold(args: tuple[str, str]) -> tuple[str, dict[str, dict[float, list[float]]]]:
+    """Errors per weight for the groups by (GPU) ("all"), by (release, GPU) ("release"), and the release pairs
+    whose anchor and target share kind and precision ("release_same_kind") or not ("release_other_kind")."""
     path, source = args
     cases, _ = load_cases(path)
     profiles, _ = fit_profiles(cases, fitted_by=f"without {source}", exclude=lambda c: held_out(c, "source", source))
-    errors: dict[float, list[float]] = {w: [] for w in WEIGHTS}
-    by_gpu: dict[str, list] = {}
-    for c in cases:
-        if c.source_id == source:
-            by_gpu.setdefault(c.gpu_type, []).append(c)
-    for rows in by_gpu.values():
-        firsts = {}
-        for c in rows:
-            firsts.setdefault(c.model.name, c)
-        if len(firsts) < 2:
-            continue
-        base = profiles[rows[0].cluster.gpu]
-        for name, anchor in firsts.items():
-            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: base}), base, fitted_by="one run")
-            for w in WEIGHTS:
-                prof = base.model_copy(update={"calibration": cal.model_copy(update={"other_models_weight": w})})
-                for t in rows:
-                    if t.model.name != name:
-                        errors[w].append(abs_percent_error(predict_case(t, prof)["predicted_step_time_s"],
-                                                           t.published_step_time_s))
+    errors = {key: {w: [] for w in WEIGHTS} for key in ("all", "release", "release_same_kind", "release_other_kind")}
+    calibrated: dict[int, object] = {}
+    for by_release in (False, True):
+        groups: dict[tuple, list] = {}
+        for c in cases:
+            if c.source_id == source:
+                groups.setdefault((c.gpu_type, c.release if by_release else None), []).append(c)
+        for rows in groups.values():
+            firsts = {}
+            for c in rows:
+                firsts.setdefault(c.model.name, c)
+            if len(firsts) < 2:
+                continue
+            base = profiles[rows[0].cluster.gpu]
+            for name, anchor in firsts.items():
+                if anchor.row not in calibrated:
+                    calibrated[anchor.row], _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: base}), base,
+                                                            fitted_by="one run")
+                cal = calibrated[anchor.row]
+                for w in WEIGHTS:
+                    prof = base.model_copy(update={"calibration": cal.model_copy(update={"other_models_weight": w})})
+                    for t in rows:
+                        if t.model.name == name:
+                            continue
+                        e = abs_percent_error(predict_case(t, prof)["predicted_step_time_s"], t.published_step_time_s)
+                        if not by_release:
+                            errors["all"][w].append(e)
+                            continue
+                        errors["release"][w].append(e)
+                        same = _kind(t) == _kind(anchor)
+                        errors["release_same_kind" if same else "release_other_kind"][w].append(e)
     return source, errors
 
 
 def main() -> int:
     args, per_source = run(__doc__, fold, "write the per-source errors to this file")
-    print(f"{'weight':>6} {'pairs':>6} {'MAPE %':>7} {'median %':>9} {'per-source MAPE %':>18}")
-    for w in WEIGHTS:
-        every = [x for e in per_source.values() for x in e[w]]
-        by_src = [float(np.mean(e[w])) for e in per_source.values() if e[w]]
-        print(f"{w:>6} {len(every):>6} {np.mean(every):>7.2f} {np.median(every):>9.2f} {np.mean(by_src):>18.2f}")
+    titles = {"all": "(source, GPU) groups", "release": "(source, release, GPU) groups",
+              "release_same_kind": "  of them, anchor and target of one kind (dense / MoE) and precision",
+              "release_other_kind": "  of them, of another kind or precision"}
+    for key, title in titles.items():
+        print(title)
+        print(f"{'weight':>6} {'pairs':>6} {'MAPE %':>7} {'median %':>9} {'per-source MAPE %':>18}")
+        for w in WEIGHTS:
+            every = [x for e in per_source.values() for x in e[key][w]]
+            by_src = [float(np.mean(e[key][w])) for e in per_source.values() if e[key][w]]
+            if every:
+                print(f"{w:>6} {len(every):>6} {np.mean(every):>7.2f} {np.median(every):>9.2f} {np.mean(by_src):>18.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({s: {str(w): v for w, v in e.items()} for s, e in per_source.items()}))
+        Path(args.json).write_text(json.dumps({s: {k: {str(w): v for w, v in ew.items()} for k, ew in e.items()}
+                                               for s, e in per_source.items()}))
     return 0
 
 

@@ -374,10 +374,9 @@ def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_e
         f.out.append("--transformer-impl local")
         f.notes.append("# Transformer Engine needs compute capability 8.0: megatron-core's local implementation, "
                      "no --tp-comm-overlap")
-    if model.is_moe:
-        _dispatcher_flags(model, plan, f)
     # arguments.py _add_moe_args: '--moe-grouped-gemm' (the cost model prices, and the executor runs, grouped GEMMs).
     if model.is_moe:
+        _dispatcher_flags(model, plan, f)
         issue = _grouped_gemm_issue(model, transformer_engine)
         if issue is None:
             f.out.append("--moe-grouped-gemm")

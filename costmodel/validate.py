@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from costmodel.catalog import catalog
+from costmodel.catalog import catalog, catalog_names, get_model
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
@@ -355,7 +355,10 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     if sp_raw in _YES + _NO:
         sp = sp_raw in _YES
     else:
-        sp = framework == "megatron-core" and tp > 1
+        # Tensor parallelism without sequence parallelism is Megatron-LM before 2022 (its own frameworks here);
+        # megatron-core turns it on with tp (Megatron-Bridge recipes) and other stacks shard the norms'
+        # activations the same way (torchtitan's tensor-parallel plan, MegaScale on Megatron-LM).
+        sp = framework in ("megatron-core", "other") and tp > 1
         assumed.append(f"sequence_parallel={sp}")
     rc_text = (row.get("recompute") or "").strip().lower()
     rc_raw = recompute_named(rc_text)
@@ -382,6 +385,11 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     fsdp = fsdp or zstage == 3
     distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
         or "distopt" in z or "dist-opt" in z
+    if framework == "other" and z in ("", "unknown", "n/a", "na", "-", "null"):
+        # A stack other than Megatron that names no sharding shards at least the optimizer state (DeepSpeed
+        # ZeRO-1, PyTorch FSDP, MaxText): unsharded Adam state is 12 bytes per parameter on every rank.
+        distopt = True
+        assumed.append("zero_stage=1 (not published; optimizer state sharded over data parallelism)")
     split = framework_split(model.layers, pp, vp)
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
@@ -455,6 +463,43 @@ _OPTIONAL_INTS = ("ffn_hidden", "kv_heads", "vocab", "moe_topk", "gpus_per_node"
                   "micro_batch")
 
 
+# Architecture columns a row may leave blank when its model name is a catalog model (ModelSpec field of each).
+_ARCH_COLUMNS = (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("kv_heads", "kv_heads"),
+                 ("vocab", "vocab"), ("seq_len", "seq_len"))
+
+
+def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
+    """The row with the architecture columns it leaves blank (layers, hidden, heads, kv_heads, vocab, ffn_hidden,
+    moe_experts, moe_topk, seq_len) taken from the catalog model its name is (an alias, any spacing or case;
+    a parenthesised note such as '(dropless)' ignored), each named in ``assumed``. A row that gives its
+    layers, hidden and heads, or whose name is no catalog model, comes back unchanged (and a blank required
+    column is then reported by name)."""
+    blank = [c for c, _ in _ARCH_COLUMNS + (("ffn_hidden", ""), ("moe_experts", ""), ("moe_topk", ""))
+             if _num(row.get(c, "")) is None]
+    if not {"layers", "hidden", "heads"} & set(blank):
+        return row
+    name = re.sub(r"\(.*?\)", "", row.get("model_name") or "").strip()
+    try:
+        spec = get_model(name)
+    except InputError:
+        raise ValueError(f"column(s) {', '.join(c for c in ('layers', 'hidden', 'heads') if c in blank)} empty and "
+                         f"model_name {row.get('model_name')!r} is no catalog model to take them from; fill them "
+                         f"or name one of: {', '.join(catalog_names())}") from None
+    values = {c: getattr(spec, f) for c, f in _ARCH_COLUMNS}
+    values["moe_experts"] = spec.num_experts
+    values["moe_topk"] = spec.moe_topk if spec.num_experts else ""
+    # The schema's ffn_hidden of a MoE row is the expert width.
+    values["ffn_hidden"] = (spec.moe_ffn_hidden or spec.ffn_hidden) if spec.num_experts else spec.ffn_hidden
+    out = dict(row)
+    filled = []
+    for c in blank:
+        if values.get(c) not in (None, "", 0):
+            out[c] = str(values[c])
+            filled.append(f"{c}={values[c]}")
+    assumed.append(f"{', '.join(filled)} (not in the row; the catalog's {spec.name})")
+    return out
+
+
 def _check_numbers(row: dict) -> float:
     """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
     fraction, NaN, inf."""
@@ -510,6 +555,7 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
             continue
         assumed: list[str] = []
         try:
+            row = fill_from_catalog(row, assumed)
             published = _check_numbers(row)
             framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
@@ -596,12 +642,15 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
 
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
     """A published run that cannot fit as described must have sharded more than the row says: try the
-    same plan with gradients (ZeRO-2) and then weights (ZeRO-3 / FSDP) sharded over data parallelism.
-    Not with pipeline parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
+    same plan with the optimizer state (ZeRO-1, Megatron's distributed optimizer), then gradients (ZeRO-2) and
+    then weights (ZeRO-3 / FSDP) sharded over data parallelism. A row that names no sharding of a stack that
+    is not Megatron (Llama 3's FSDP, DeepSpeed ZeRO) is read as unsharded until it does not fit. Gradients and
+    weights not with pipeline parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
     fsdp_pipeline), so the estimate would refuse those plans anyway."""
-    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3 or plan.pp > 1:
+    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3:
         return []
-    return [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in (2, 3)
+    stages = (1, 2, 3) if plan.pp == 1 else (1,)
+    return [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in stages
             if z > plan.zero_stage]
 
 

@@ -1,0 +1,79 @@
+"""What plan validate fills in for a row that leaves fields out (costmodel/validate.py): the sharding and
+sequence parallelism of a stack other than Megatron, the sharding fallback of a pipelined run that does not fit
+as published, and the architecture of a catalog model whose columns are blank."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.validate import load_cases, predict_case
+from csv_rows import write_rows
+
+# Llama 3 405B at tp8 pp16 dp64 on 8,192 H100 with 16M tokens per step (the layout of the Llama 3 paper,
+# Table 4); the step time is a placeholder: these tests read what is assumed and whether it fits.
+ROW = dict(source_id="X", model_name="Llama 3.1 405B", params_b="405", layers="126", hidden="16384",
+           ffn_hidden="53248", heads="128", kv_heads="8", vocab="128256", seq_len="8192", moe_experts="",
+           moe_topk="", gpu_type="H100", num_gpus="8192", gpus_per_node="8", tp="8", pp="16", vp="", cp="1",
+           ep="", dp="64", sp="", recompute="", global_batch="2048", micro_batch="1",
+           zero_stage_or_distopt="", framework="torchtitan", step_time_s="10", scored="true", notes="")
+
+
+def _case(tmp_path, **upd):
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, **upd}]))
+    assert not errors, errors
+    return cases[0]
+
+
+def test_a_stack_other_than_megatron_that_names_no_sharding_shards_the_optimizer(tmp_path):
+    case = _case(tmp_path)
+    assert case.plan.framework == "other"
+    assert (case.plan.zero_stage, case.plan.distributed_optimizer, case.plan.sequence_parallel) == (1, True, True)
+    assert "zero_stage=1 (not published; optimizer state sharded over data parallelism)" in case.assumed
+    assert "sequence_parallel=True" in case.assumed
+    out = predict_case(case)
+    assert out["fits"] and out["plan"].recompute == "none"
+    assert out["predicted_peak_memory_bytes"] < 85.9e9
+
+
+def test_a_pipelined_run_that_does_not_fit_unsharded_is_read_as_sharding_the_optimizer(tmp_path):
+    # Said unsharded: 3.2e9 parameters per GPU with their Adam state do not fit 80 GB next to 16 micro-batches'
+    # activations, so the run must have sharded the optimizer state (the only sharding that works with pp > 1).
+    case = _case(tmp_path, zero_stage_or_distopt="none", sp="true", recompute="none")
+    assert case.plan.zero_stage == 0
+    out = predict_case(case)
+    assert out["fits"] and out["plan"].zero_stage == 1 and out["plan"].pp == 16
+    assert "zero_stage=1 (the published layout does not fit otherwise)" in out["assumed"]
+
+
+def test_megatron_lm_before_sequence_parallelism_keeps_it_off(tmp_path):
+    case = _case(tmp_path, framework="megatron-lm-2021", zero_stage_or_distopt="", num_gpus="1024", dp="8")
+    assert not case.plan.sequence_parallel and case.plan.zero_stage == 0
+
+
+def test_blank_architecture_columns_come_from_the_catalog_model_the_name_is(tmp_path):
+    case = _case(tmp_path, model_name="Llama-3.1-70B (bf16)", layers="", hidden="", heads="", kv_heads="",
+                 vocab="", ffn_hidden="", num_gpus="512", pp="4", dp="16")
+    m = case.model
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.vocab, m.ffn_hidden) == (80, 8192, 64, 8, 128256, 28672)
+    assert ("layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256, ffn_hidden=28672 "
+            "(not in the row; the catalog's llama3.1-70b)") in case.assumed
+    # Columns the row does give are kept.
+    case = _case(tmp_path, model_name="Llama 3.1 70B", layers="", hidden="", heads="", seq_len="4096",
+                 num_gpus="512", pp="4", dp="16")
+    assert (case.model.layers, case.model.seq_len, case.model.ffn_hidden) == (80, 4096, 53248)
+
+
+def test_blank_architecture_of_a_model_outside_the_catalog_is_an_error_naming_the_columns(tmp_path):
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "model_name": "DeepSeek-V2",
+                                                                    "layers": "", "hidden": ""}]))
+    assert not cases
+    msg = errors[0]["error"]
+    assert "column(s) layers, hidden empty and model_name 'DeepSeek-V2' is no catalog model" in msg
+    assert "70b" in msg and "deepseek-v3" in msg
+
+
+@pytest.mark.parametrize("blank", ["layers", "heads"])
+def test_a_row_giving_its_architecture_is_read_as_given(tmp_path, blank):
+    # One blank required column with the others given still takes the catalog's value for it alone.
+    case = _case(tmp_path, **{blank: ""})
+    assert (case.model.layers, case.model.heads, case.model.hidden) == (126, 128, 16384)

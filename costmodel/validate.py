@@ -385,7 +385,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     fsdp = fsdp or zstage == 3
     distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
         or "distopt" in z or "dist-opt" in z
-    if framework == "other" and z in ("", "unknown", "n/a", "na", "-", "null"):
+    if framework == "other" and (z == "" or (z in _ABSENT and z != "none")):
         # A stack other than Megatron that names no sharding shards at least the optimizer state (DeepSpeed
         # ZeRO-1, PyTorch FSDP, MaxText): unsharded Adam state is 12 bytes per parameter on every rank.
         distopt = True
@@ -463,41 +463,32 @@ _OPTIONAL_INTS = ("ffn_hidden", "kv_heads", "vocab", "moe_topk", "gpus_per_node"
                   "micro_batch")
 
 
-# Architecture columns a row may leave blank when its model name is a catalog model (ModelSpec field of each).
-_ARCH_COLUMNS = (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("kv_heads", "kv_heads"),
-                 ("vocab", "vocab"), ("seq_len", "seq_len"))
+# Architecture columns a row may leave blank when its model name is a catalog model.
+_ARCH_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "ffn_hidden", "moe_experts", "moe_topk")
 
 
 def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
-    """The row with the architecture columns it leaves blank (layers, hidden, heads, kv_heads, vocab, ffn_hidden,
-    moe_experts, moe_topk, seq_len) taken from the catalog model its name is (an alias, any spacing or case;
-    a parenthesised note such as '(dropless)' ignored), each named in ``assumed``. A row that gives its
-    layers, hidden and heads, or whose name is no catalog model, comes back unchanged (and a blank required
-    column is then reported by name)."""
-    blank = [c for c, _ in _ARCH_COLUMNS + (("ffn_hidden", ""), ("moe_experts", ""), ("moe_topk", ""))
-             if _num(row.get(c, "")) is None]
-    if not {"layers", "hidden", "heads"} & set(blank):
+    """The row with the architecture columns it leaves blank (_ARCH_COLUMNS) taken from the catalog model its
+    name is (an alias, any spacing or case; a parenthesised note such as '(dropless)' ignored), each named in
+    ``assumed``. A row that gives its layers, hidden and heads comes back unchanged; one that leaves any of them
+    blank and names no catalog model is a ValueError naming the blank columns and the catalog."""
+    blank = [c for c in _ARCH_COLUMNS if _num(row.get(c, "")) is None]
+    need = [c for c in ("layers", "hidden", "heads") if c in blank]
+    if not need:
         return row
-    name = re.sub(r"\(.*?\)", "", row.get("model_name") or "").strip()
     try:
-        spec = get_model(name)
+        spec = get_model(re.sub(r"\(.*?\)", "", row.get("model_name") or "").strip())
     except InputError:
-        raise ValueError(f"column(s) {', '.join(c for c in ('layers', 'hidden', 'heads') if c in blank)} empty and "
-                         f"model_name {row.get('model_name')!r} is no catalog model to take them from; fill them "
-                         f"or name one of: {', '.join(catalog_names())}") from None
-    values = {c: getattr(spec, f) for c, f in _ARCH_COLUMNS}
-    values["moe_experts"] = spec.num_experts
-    values["moe_topk"] = spec.moe_topk if spec.num_experts else ""
+        raise ValueError(f"column(s) {', '.join(need)} empty and model_name {row.get('model_name')!r} is no "
+                         f"catalog model to take them from; fill them or name one of: "
+                         f"{', '.join(catalog_names())}") from None
     # The schema's ffn_hidden of a MoE row is the expert width.
-    values["ffn_hidden"] = (spec.moe_ffn_hidden or spec.ffn_hidden) if spec.num_experts else spec.ffn_hidden
-    out = dict(row)
-    filled = []
-    for c in blank:
-        if values.get(c) not in (None, "", 0):
-            out[c] = str(values[c])
-            filled.append(f"{c}={values[c]}")
-    assumed.append(f"{', '.join(filled)} (not in the row; the catalog's {spec.name})")
-    return out
+    ffn = (spec.moe_ffn_hidden or spec.ffn_hidden) if spec.num_experts else spec.ffn_hidden
+    values = {**{c: getattr(spec, c) for c in _ARCH_COLUMNS[:6]}, "ffn_hidden": ffn,
+              "moe_experts": spec.num_experts, "moe_topk": spec.moe_topk}
+    filled = {c: values[c] for c in blank if values[c]}
+    assumed.append(f"{', '.join(f'{c}={v}' for c, v in filled.items())} (not in the row; the catalog's {spec.name})")
+    return {**row, **{c: str(v) for c, v in filled.items()}}
 
 
 def _check_numbers(row: dict) -> float:
@@ -643,9 +634,8 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
     """A published run that cannot fit as described must have sharded more than the row says: try the
     same plan with the optimizer state (ZeRO-1, Megatron's distributed optimizer), then gradients (ZeRO-2) and
-    then weights (ZeRO-3 / FSDP) sharded over data parallelism. A row that names no sharding of a stack that
-    is not Megatron (Llama 3's FSDP, DeepSpeed ZeRO) is read as unsharded until it does not fit. Gradients and
-    weights not with pipeline parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
+    then weights (ZeRO-3 / FSDP) sharded over data parallelism. Gradients and weights not with pipeline
+    parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
     fsdp_pipeline), so the estimate would refuse those plans anyway."""
     if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3:
         return []

@@ -130,6 +130,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
 
     same_model: in every (source, GPU, model) group of two or more rows, the base profile of that GPU
     (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
+    same_model_one_file: the same rows, but one calibration per (source, GPU) takes the first row of every
+    such group at once, as ``plan calibrate --measurements RUNS.csv`` does with a CSV of one run per model.
     same_release: the same inside each software release of a source (source, release, GPU, model): one stack,
     as a user's cluster runs it (rows whose release is unsaid form their source's own group).
     other_models: in every (source, GPU) group with two or more models, each model's first row in turn
@@ -154,17 +156,23 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
             pred_cache[key] = predict_case(case, prof)["predicted_step_time_s"]
         return pred_cache[key]
 
-    fitted: dict[int, HardwareProfile] = {}
+    fitted: dict[tuple[int, ...], HardwareProfile] = {}
 
-    def calibrated(anchor) -> HardwareProfile:
-        if anchor.row not in fitted:
-            prof = base(anchor.gpu_type)
-            cal, _ = recalibrate(measurements_for([anchor], {anchor.gpu_type: prof}), prof,
-                                 fitted_by=f"one-run calibration on row {anchor.row}")
+    def calibrated_on(anchors: list) -> HardwareProfile:
+        """The base profile of the anchors' GPU calibrated on all of them at once (one plan calibrate)."""
+        key = tuple(a.row for a in anchors)
+        if key not in fitted:
+            gpu = anchors[0].gpu_type
+            prof = base(gpu)
+            cal, _ = recalibrate(measurements_for(anchors, {gpu: prof}), prof,
+                                 fitted_by=f"one-run calibration on row(s) {', '.join(map(str, key))}")
             if other_models_weight is not None:
                 cal = cal.model_copy(update={"other_models_weight": other_models_weight})
-            fitted[anchor.row] = prof.model_copy(update={"calibration": cal})
-        return fitted[anchor.row]
+            fitted[key] = prof.model_copy(update={"calibration": cal})
+        return fitted[key]
+
+    def calibrated(anchor) -> HardwareProfile:
+        return calibrated_on([anchor])
 
     def grouped(key) -> dict[tuple, list]:
         groups: dict[tuple, list] = {}
@@ -173,8 +181,10 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         return groups
 
     def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
-        """(anchor, target) pairs -> errors after and before calibration."""
-        after = [abs_percent_error(pred(t, calibrated(a)), t.published_step_time_s) for a, t in pairs]
+        """(anchor, target) pairs -> errors after and before calibration; an anchor is a row, or a tuple of the
+        rows one calibration takes together."""
+        after = [abs_percent_error(pred(t, calibrated_on(list(a)) if isinstance(a, tuple) else calibrated(a)),
+                                   t.published_step_time_s) for a, t in pairs]
         before = [abs_percent_error(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
         return after, before
 
@@ -199,6 +209,18 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                     "source_id": a.source_id, **({"release": a.release} if by_release else {}),
                     "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row}
 
+    def one_file(groups: dict):
+        """Per (source, GPU): one calibration on the first row of every (source, GPU, model) group of two or
+        more rows, the groups' other rows scored."""
+        by_gpu: dict[tuple, list] = {}
+        for rows in groups.values():
+            if len(rows) >= 2:
+                by_gpu.setdefault((rows[0].source_id, rows[0].gpu_type), []).append(rows)
+        for (source, gpu), gs in by_gpu.items():
+            anchors = tuple(rows[0] for rows in gs)
+            yield [(anchors, t) for rows in gs for t in rows[1:]], {
+                "source_id": source, "gpu_type": gpu, "models": len(gs), "anchor_rows": [a.row for a in anchors]}
+
     def others(groups: dict, by_release: bool):
         """In each group with two or more models, each model's first row calibrates, the other models' rows
         are scored."""
@@ -211,8 +233,10 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                     "source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
                     "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()]}
 
+    by_model = grouped(lambda c: (c.source_id, c.gpu_type, c.model.name))
     return {"scheme": SCHEME,
-            "same_model": figure(same(grouped(lambda c: (c.source_id, c.gpu_type, c.model.name)), False)),
+            "same_model": figure(same(by_model, False)),
+            "same_model_one_file": figure(one_file(by_model)),
             "same_release": figure(same(grouped(lambda c: (c.source_id, c.release, c.gpu_type, c.model.name)),
                                         True)),
             "other_models": figure(others(grouped(lambda c: (c.source_id, c.gpu_type)), False)),
@@ -220,6 +244,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                                                        True))}
 
 
+ONE_RUN_FIGURES = ("same_model", "same_model_one_file", "same_release", "other_models",
+                   "other_models_same_release")
 SCHEME = "one factor, the one the run moves most for how few fitted runs pin it down (costmodel/recalibrate.py)"
 
 
@@ -227,7 +253,7 @@ def pool_one_run(results: list[dict]) -> dict:
     """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
     groups listed together, raw errors dropped."""
     out: dict = {"scheme": SCHEME}
-    for key in ("same_model", "same_release", "other_models", "other_models_same_release"):
+    for key in ONE_RUN_FIGURES:
         after = [x for r in results for x in r[key]["ape"]]
         before = [x for r in results for x in r[key]["ape_before"]]
         out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}

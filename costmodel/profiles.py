@@ -118,6 +118,11 @@ class Calibration(FrozenSpec):
     other_models_weight: float = Field(default=1.0, ge=0, le=1)
     """Share of the calibration update (in log space) that carries to a model that was not measured: 1 all of
     it, 0 none (costmodel/recalibrate.py OTHER_MODELS_WEIGHT, chosen by cross-validation)."""
+    per_model: dict[str, dict[str, float]] = {}
+    """Where ``plan calibrate`` measured several architectures: per architecture (a measured_models key), the
+    factor values fitted to that architecture's runs alone, which it gets in place of the pooled update above
+    (HardwareProfile.for_model); a model not measured gets the pooled update at ``other_models_weight``. Empty
+    after a calibration on one architecture (the pooled update is that architecture's own)."""
 
 
 class HardwareProfile(FrozenSpec):
@@ -199,12 +204,17 @@ class HardwareProfile(FrozenSpec):
         """The profile as it predicts ``model`` (a ModelSpec): unchanged, unless its calibration was measured on
         other architectures (Calibration.measured_models), where each moved factor goes back towards its
         uncalibrated value, keeping ``other_models_weight`` of the update in log space (linearly for a
-        factor that was 0). The copy keeps no measured_models, so it is not moved twice."""
+        factor that was 0); an architecture with factors of its own (Calibration.per_model) gets those. The copy
+        keeps no measured_models, so it is not moved twice."""
         cal = self.calibration
+        own = cal.per_model.get(model.architecture_key()) if cal.per_model else None
+        if own is not None:
+            return self.model_copy(update={"calibration": cal.model_copy(update={
+                **own, "measured_models": (), "uncalibrated": {}, "per_model": {}})})
         if self._update_in_full(model):
             return self
         w = cal.other_models_weight
-        upd: dict = {"measured_models": (), "uncalibrated": {}}
+        upd: dict = {"measured_models": (), "uncalibrated": {}, "per_model": {}}
         for name, before in cal.uncalibrated.items():
             now = getattr(cal, name)
             upd[name] = (before ** (1.0 - w) * now ** w) if before > 0 and now > 0 else before + w * (now - before)
@@ -216,6 +226,9 @@ class HardwareProfile(FrozenSpec):
         cal = self.calibration
         if not cal.measured_models:
             return None
+        if model.architecture_key() in cal.per_model:
+            return (f"profile {self.name} calibrated by {cal.fitted_by}: {model.name} gets the factors fitted to "
+                    f"its own runs")
         if self._update_in_full(model):
             return f"profile {self.name} calibrated by {cal.fitted_by}: the update applies in full to {model.name}"
         n = len(cal.measured_models)

@@ -29,10 +29,14 @@ def calibration_table(report: dict, console) -> None:
                       + "; ".join(f"{n} {sens[n]:.3f} / {support[n]:g} runs" for n in report["ranked"][:3]))
     console.print(f"step-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
                   + (f"; written to {report['out']}" if report.get("out") else ""))
+    for name, vals in report.get("per_model", {}).items():
+        console.print(f"{name}: its own runs give " + ", ".join(f"{k}={v:g}" for k, v in vals.items()))
     if report.get("measured_models") and report.get("other_models_weight", 1.0) < 1.0:
         n = len(report["measured_models"])
-        console.print(f"the update applies in full to the measured architecture{'s' if n > 1 else ''} ({n}); other "
-                      f"models get {report['other_models_weight']:.0%} of it (other_models_weight in the YAML; "
+        mine = ("each measured architecture gets its own factors (above)" if report.get("per_model") else
+                f"the update applies in full to the measured architecture{'s' if n > 1 else ''} ({n})")
+        console.print(f"{mine}; other models get {report['other_models_weight']:.0%} of "
+                      f"{'the pooled update' if report.get('per_model') else 'it'} (other_models_weight in the YAML; "
                       f"1 carries all of it)")
     for note in report.get("inputs", []):
         if note.get("other_gpu_rows"):

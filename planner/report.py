@@ -352,6 +352,7 @@ def one_run_table(one: dict):
         t.add_column(col, justify="left" if col in ("calibrate on", "predict") else "right")
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for key, on, what in (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
+                          ("same_model_one_file", "1st runs of all (source, GPU, model) at once", "their other runs"),
                           ("same_release", "1st run of a (source, release, GPU, model)", "its other runs"),
                           ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs"),
                           ("other_models_same_release", "1st run of each model of a (source, release, GPU)",

@@ -276,6 +276,49 @@ def test_a_calibrated_profile_carries_part_of_its_update_to_other_models(tmp_pat
     assert again.uncalibrated["gemm_efficiency"] == g0 and again.measured_models == cal.measured_models
 
 
+def test_runs_of_several_models_calibrate_each_model_on_its_own_runs(tmp_path):
+    """One calibration on a run of Llama 3.1 8B (its stack 20% slower than predicted) and one of Llama 3.1 70B
+    (10% faster): each model's other layouts get its own offset back (a pooled update alone would leave both
+    near the 5% average), a third architecture the pooled update at OTHER_MODELS_WEIGHT; the YAML round-trips;
+    calibrating again on the 8B alone keeps the 70B's factors."""
+    from costmodel.specs import ModelSpec
+    from costmodel.validate import measurements_for
+    from executor.calibrate import write_calibrated_profile
+
+    prof = load_profile("H100")
+    cases, _ = load_cases(CSV)
+    rows = [c for c in cases if c.source_id.startswith("DGXC") and c.gpu_type == "H100"]
+    small = measurements_for([c for c in rows if c.model.name == "Llama3.1-8B"])
+    big = measurements_for([c for c in rows if c.model.name == "Llama3.1-70B"])
+    assert len(small) >= 2 and len(big) >= 2 and small[0].model.architecture_key() != big[0].model.architecture_key()
+    slow = [shifted(m, prof, 1.2) for m in small]
+    fast = [shifted(m, prof, 0.9) for m in big]
+    cal, rep = recalibrate([slow[0], fast[0]], prof, fitted_by="test")
+    assert set(cal.per_model) == {slow[0].model.architecture_key(), fast[0].model.architecture_key()}
+    assert set(rep["per_model"]) == {"Llama3.1-8B", "Llama3.1-70B"} and rep["mape_after"] < 0.5
+    fitted = prof.model_copy(update={"calibration": cal})
+    for runs in (slow, fast):
+        err = [abs(p / m.step_time_s - 1) for p, m in zip(predict(runs, fitted), runs)]
+        assert max(err) < 0.03, err
+    # each architecture's factors are the ones a calibration on its run alone gives
+    alone, _ = recalibrate([slow[0]], prof, fitted_by="test")
+    own = cal.per_model[slow[0].model.architecture_key()]
+    assert all(own[n] == pytest.approx(getattr(alone, n), rel=1e-6) for n in own)
+    other = ModelSpec.model_validate({**small[0].model.model_dump(), "layers": 40, "name": "other"})
+    moved = fitted.for_model(other).calibration
+    for n, before in cal.uncalibrated.items():
+        assert getattr(moved, n) == pytest.approx(before * (getattr(cal, n) / before) ** 0.2, rel=1e-9)
+    assert "its own runs" in fitted.calibration_scope(small[0].model)
+    out = tmp_path / "cal.yaml"
+    write_calibrated_profile(Path("hardware_profiles/gpus/H100.yaml"), cal, out)
+    assert load_profile(str(out)).calibration == cal
+    again, _ = recalibrate([shifted(slow[1], fitted, 1.05)], fitted, fitted_by="again")
+    assert again.per_model[fast[0].model.architecture_key()] == cal.per_model[fast[0].model.architecture_key()]
+    twice = prof.model_copy(update={"calibration": again})
+    err = abs(predict([slow[1]], twice)[0] / (slow[1].step_time_s * 1.0) - 1)
+    assert 0.02 < err < 0.08   # the 8B now meets the 5% slower run, its other layouts follow
+
+
 def test_more_runs_fit_more_factors_shrunk_towards_the_profile():
     prof = load_profile("H100")
     cases, _ = load_cases(CSV)
@@ -329,6 +372,9 @@ def test_one_run_cv_recovers_a_level_shift():
     assert {g["release"] for g in in_release["groups"]} == {k[1] for k, v in stacks.items() if len(set(v)) == 2}
     assert "other" not in {g["release"] for g in in_release["groups"]}
     assert 12.5 < in_release["mape"] < 15.0
+    # One calibration on both models' first runs predicts each model's other runs as well as one per model.
+    assert r["same_model_one_file"]["count"] == r["same_model"]["count"]
+    assert r["same_model_one_file"]["mape"] == pytest.approx(r["same_model"]["mape"], abs=0.05)
     whole = one_run_calibration_cv(slow, other_models_weight=1.0)
     assert whole["other_models"]["mape"] < 5.0 and whole["same_model"]["mape"] == r["same_model"]["mape"]
 

@@ -190,6 +190,11 @@ class HardwareProfile(FrozenSpec):
     """Measured busbw curves."""
     gap_model: str = ""
     """How collectives without a measured curve are filled (text for the reader)."""
+    unfused_attention_source: str | None = None
+    """Set, to the id of a source that says so, where no fused (flash) attention kernel runs on the GPU: its
+    attention is costed unfused (score matrices in HBM, as Megatron ran before flash attention) whatever the
+    framework (V100: FlashAttention-2 and cuDNN's fused attention need Ampere or newer). None: the framework
+    decides (costmodel/estimate.py FRAMEWORK ``flash``)."""
     calibration: Calibration = Calibration()
     """Fitted efficiency factors."""
 
@@ -259,6 +264,7 @@ class HardwareProfile(FrozenSpec):
         used += [c.source for c in self.curves]
         used += [g.source for g in self.gemm_points]
         used += [self.gemm_half_efficiency_dim_source] if self.gemm_half_efficiency_dim_source else []
+        used += [self.unfused_attention_source] if self.unfused_attention_source else []
         missing = sorted({u for u in used if u not in self.sources})
         if missing:
             raise ValueError(f"source ids {missing} are not in the sources table")

@@ -75,6 +75,8 @@ def test_profile_loads_and_is_sourced(path):
     for k in ("host_link_bandwidth_bytes_per_s", "host_memory_bytes"):
         if raw.get(k):
             used.add(raw[k]["source"])
+    if raw.get("unfused_attention_source"):
+        used.add(raw["unfused_attention_source"])
     assert set(prof.sources) == used, f"unused sources: {set(prof.sources) - used}"
     assert all(len(text) > 40 for text in prof.sources.values())
     assert prof.gap_model.strip()
@@ -291,6 +293,27 @@ def test_v100_bf16_stands_in_for_fp16():
         prof = load_profile(name)
         assert prof.max_efficiency("bf16") == prof.max_efficiency("fp16") == pytest.approx(want, abs=1e-4)
         assert prof.gemm_max_efficiency["fp16"].source == "NVIDIA_FORUM_79781"
+
+
+def test_v100_attention_is_unfused_whatever_the_framework():
+    """No fused attention kernel runs on Volta: a megatron-core plan on V100 has its attention costed unfused, as
+    Megatron-LM 2020 ran it (the score matrices in HBM: slower, more activation memory) than it would run were
+    there a kernel (the same profile without the flag); Ampere and newer keep the flash path."""
+    from costmodel.estimate import estimate
+    from costmodel.catalog import catalog
+    from costmodel.plan import ParallelPlan
+
+    assert {n for n in ("V100-32GB", "V100-16GB", "A100-80GB", "H100") if load_profile(n).unfused_attention_source} \
+        == {"V100-32GB", "V100-16GB"}
+    v100 = load_profile("V100-32GB")
+    assert "SM80" in v100.sources[v100.unfused_attention_source]
+    fused = v100.model_copy(update={"unfused_attention_source": None})
+    model = catalog()["8b"].model_copy(update={"seq_len": 2048, "precision": "fp16"})
+    cluster = load_cluster("v100-dgx2x64")
+    plan = ParallelPlan(tp=8, pp=1, dp=8, micro_batch=1, global_batch=64, recompute="none")
+    core, flash = estimate(model, cluster, plan, profile=v100), estimate(model, cluster, plan, profile=fused)
+    assert core.step_time_s > 1.05 * flash.step_time_s
+    assert core.peak_memory_bytes > flash.peak_memory_bytes
 
 
 @pytest.mark.parametrize("row", [r for r in _rows("gemm.csv") if r["gpu_type"].startswith("NVIDIA")

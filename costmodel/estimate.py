@@ -167,9 +167,14 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
         # CPU processes on gloo: collectives run synchronously on the calling thread (no side streams), so
         # no TP, pipeline or data-parallel communication overlaps compute.
         fw = dict(fw, tp_exposed=1.0, p2p_exposed=1.0, dp_overlap=False, flash=False)
-    elif prof.unfused_attention_source:
-        # No fused attention kernel for this GPU (V100): every framework ran it unfused there.
-        fw = dict(fw, flash=False)
+    else:
+        if framework == "megatron-core" and not prof.runs_transformer_engine():
+            # Where Transformer Engine does not run (V100) the planner writes --transformer-impl local: no
+            # userbuffers TP overlap, no fused cross-entropy.
+            fw = dict(fw, tp_exposed=1.0, te_ce=False)
+        if prof.unfused_attention_source:
+            # No fused attention kernel for this GPU (V100): every framework ran it unfused there.
+            fw = dict(fw, flash=False)
     dtype = compute.gemm_dtype(model.precision)
     native = dtype not in ("fp8", "fp4") or "fp8" in prof.peak_flops
     # A GPU without fp8 tensor cores (A100, V100) cannot run an fp8 recipe (Transformer Engine's fp8 needs compute

@@ -279,6 +279,13 @@ class HardwareProfile(FrozenSpec):
         need = {"mxfp8": "fp4", "nvfp4": "fp4"}.get(precision, precision)
         return need in self.peak_flops and need not in self.emulated_dtypes
 
+    def runs_transformer_engine(self) -> bool:
+        """Whether Transformer Engine's kernels run on the GPU (compute capability 8.0, Ampere, and newer): the
+        planner writes ``--transformer-impl local`` and no ``--tp-comm-overlap`` where they do not, and the cost
+        model prices what it writes. The profiles carry no compute capability; native bf16 tensor cores came with
+        the same generation (8.0), so a profile that ``supports('bf16')`` stands for it (V100, 7.0, emulates bf16)."""
+        return self.supports("bf16")
+
     def peak(self, dtype: str) -> float:
         """Dense peak for a GEMM dtype, falling back to the next wider type."""
         for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):

@@ -1096,14 +1096,11 @@ srun --het-group={",".join(str(i) for i in range(len(binds)))} --kill-on-bad-exi
 
 # Writing ----------------------------------------------------------------------------------------
 def transformer_engine_runs(cluster: ClusterSpec) -> bool:
-    """Whether every GPU of ``cluster`` runs Transformer Engine (compute capability 8.0, Ampere, and newer).
-
-    The profiles carry no compute capability; native bf16 tensor cores came with the same generation (8.0), so
-    a profile that ``supports('bf16')`` stands for it (V100, 7.0, emulates bf16)."""
+    """Whether every GPU of ``cluster`` runs Transformer Engine (HardwareProfile.runs_transformer_engine)."""
     from costmodel.profiles import load_profile
 
     gpus = {g.gpu for g in cluster.device_groups} or {cluster.gpu}
-    return all(load_profile(g).supports("bf16") for g in sorted(gpus))
+    return all(load_profile(g).runs_transformer_engine() for g in sorted(gpus))
 
 
 def _jsonable(obj: Any) -> Any:

@@ -41,8 +41,12 @@ STEP_TIME_METRICS = {
 }
 
 
+class NoStepTime(ValueError):
+    """A row that publishes no step time (nor a figure that gives one without a FLOP convention)."""
+
+
 def published_step_time(row: dict) -> float:
-    """The row's published step time in seconds (see STEP_TIME_METRICS); ValueError naming the columns when
+    """The row's published step time in seconds (see STEP_TIME_METRICS); NoStepTime naming the columns when
     it has none."""
     direct = _num(row.get("step_time_s", ""))
     if direct is not None:
@@ -52,7 +56,7 @@ def published_step_time(row: dict) -> float:
     if metric in STEP_TIME_METRICS and value and value > 0:
         nums = {k: float(row[k]) for k in ("global_batch", "seq_len", "num_gpus")}
         return float(STEP_TIME_METRICS[metric](value, nums))
-    raise ValueError(f"column 'step_time_s' is empty and measured_metric {metric or '(empty)'!r} does not give a "
+    raise NoStepTime(f"column 'step_time_s' is empty and measured_metric {metric or '(empty)'!r} does not give a "
                      f"step time; valid metrics: {', '.join(STEP_TIME_METRICS)}")
 
 # Catalog entries whose architecture details (MLA, head width, leading dense layers, shared experts,
@@ -511,8 +515,10 @@ def _check_numbers(row: dict) -> float:
     return t
 
 
-def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
-    """Scored rows as cases; rows that cannot be turned into a case come back as errors."""
+def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case], list[dict]]:
+    """Scored rows as cases; rows that cannot be turned into a case come back as errors. With ``unpublished`` a
+    row whose only fault is that it gives no step time (NoStepTime) is a case too, with a NaN published step
+    time and an assumption saying why: ``plan validate`` predicts it without scoring it."""
     p = Path(path)
     text = read_text(p, "CSV file")
     if "\0" in text:
@@ -547,7 +553,13 @@ def load_cases(path: str | Path) -> tuple[list[Case], list[dict]]:
         assumed: list[str] = []
         try:
             row = fill_from_catalog(row, assumed)
-            published = _check_numbers(row)
+            try:
+                published = _check_numbers(row)
+            except NoStepTime as exc:
+                if not unpublished:
+                    raise
+                published = math.nan
+                assumed.append(f"not scored: {exc}")
             framework = framework_of(row, assumed)
             profile = load_profile(row["gpu_type"])
             model = row_model(row, assumed)
@@ -709,14 +721,19 @@ def abs_percent_error(pred: float, pub: float) -> float:
 
 def summarize(rows: list[dict]) -> dict:
     def stats(sel: list[dict]) -> dict:
+        """``predicted``: rows with an error figure; ``unscored``: rows predicted without a published step time
+        to score them against."""
         errs = [r["ape"] for r in sel if r.get("ape") is not None]
         misses = sum(1 for r in sel if r.get("error"))
+        unscored = sum(1 for r in sel if r.get("ape") is None and not r.get("error")
+                       and r.get("predicted_step_time_s") is not None)
         if not errs:
-            return {"count": len(sel), "predicted": 0, "misses": misses, "mape": None, "median_ape": None,
-                    "p90_ape": None}
+            return {"count": len(sel), "predicted": 0, "unscored": unscored, "misses": misses, "mape": None,
+                    "median_ape": None, "p90_ape": None}
         e = np.array(errs)
-        return {"count": len(sel), "predicted": len(errs), "misses": misses, "mape": round(float(e.mean()), 2),
-                "median_ape": round(float(np.median(e)), 2), "p90_ape": round(float(np.percentile(e, 90)), 2)}
+        return {"count": len(sel), "predicted": len(errs), "unscored": unscored, "misses": misses,
+                "mape": round(float(e.mean()), 2), "median_ape": round(float(np.median(e)), 2),
+                "p90_ape": round(float(np.percentile(e, 90)), 2)}
 
     by_source = {s: stats([r for r in rows if r["source_id"] == s]) for s in sorted({r["source_id"] for r in rows})}
     by_gpu = {g: stats([r for r in rows if r["gpu_type"] == g]) for g in sorted({str(r["gpu_type"]) for r in rows})}
@@ -725,7 +742,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = None) -> dict:
     """Predict every scored row; returns {"rows": [...], "summary": {...}}."""
-    cases, errors = load_cases(path)
+    cases, errors = load_cases(path, unpublished=True)
     if not cases:
         why = errors[0]["error"] if errors else f"{path}: no row has scored=true"
         raise InputError(f"nothing to score: {why}" + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
@@ -736,15 +753,20 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
             pred = predict_case(c, prof)
         except (ValueError, FloatingPointError) as exc:
             rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                         "predicted_step_time_s": None, "published_step_time_s": c.published_step_time_s,
+                         "predicted_step_time_s": None,
+                         "published_step_time_s": c.published_step_time_s if math.isfinite(c.published_step_time_s)
+                         else None,
                          "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
+        scored = math.isfinite(c.published_step_time_s)
         pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"]))
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                     "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": c.published_step_time_s,
+                     "model_name": c.model.name, **case_features(c), **pred,
+                     "published_step_time_s": c.published_step_time_s if scored else None,
                      "error": None if ok else "non-finite prediction",
-                     "ape": abs_percent_error(pred["predicted_step_time_s"], c.published_step_time_s) if ok else None})
+                     "ape": abs_percent_error(pred["predicted_step_time_s"], c.published_step_time_s)
+                     if ok and scored else None})
     for e in errors:
         rows.append({**e, "predicted_step_time_s": None, "predicted_peak_memory_bytes": None, "fits": None,
                      "ape": None})

@@ -169,13 +169,17 @@ def validation_tables(summary: dict) -> list[Table]:
     out = []
     for key, title in (("by_source", "by source"), ("by_gpu", "by GPU type")):
         t = Table(title=f"Step-time error {title}", header_style="bold")
-        for col in ("group", "rows", "predicted", "MAPE %", "median %", "p90 %"):
+        # Rows predicted without a published step time (a TFLOP/s or MFU figure only) get a column of their own.
+        unscored = bool(summary["overall"].get("unscored"))
+        for col in ("group", "rows", "predicted", *(("predicted, not scored",) if unscored else ()), "MAPE %",
+                    "median %", "p90 %"):
             t.add_column(col, justify="left" if col == "group" else "right")
         groups = dict(summary[key])
         groups["all"] = summary["overall"]
         for name, st in groups.items():
             fmt = (lambda v: "-" if v is None else f"{v:.1f}")  # noqa: E731
-            t.add_row(name, str(st["count"]), str(st["predicted"]), fmt(st["mape"]), fmt(st["median_ape"]),
+            t.add_row(name, str(st["count"]), str(st["predicted"]),
+                      *((str(st.get("unscored", 0)),) if unscored else ()), fmt(st["mape"]), fmt(st["median_ape"]),
                       fmt(st["p90_ape"]), style="bold" if name == "all" else None)
         out.append(t)
     return out

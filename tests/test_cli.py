@@ -112,7 +112,8 @@ def test_validate_csv_missing_columns(capsys, tmp_path):
 def test_validate_derives_the_step_time_without_step_time_or_scored_columns(capsys, tmp_path):
     """A CSV of the published-runs schema without the derived columns: every row is scored, the step time
     comes from measured_metric / measured_value (tokens/s/GPU: global batch x sequence / (value x GPUs)), and
-    a TFLOP/s figure, whose FLOP convention is the source's, is a row error naming the metric."""
+    a row with only a TFLOP/s figure, whose FLOP convention is the source's, is predicted (with its interval)
+    but not scored, saying why; the summary counts it apart."""
     row = dict(_good_row())
     gb, seq, n = int(row["global_batch"]), int(row["seq_len"]), int(row["num_gpus"])
     by_tokens = {**row, "measured_metric": "tokens_per_sec_per_gpu", "measured_value": str(gb * seq / (2.5 * n))}
@@ -124,7 +125,13 @@ def test_validate_derives_the_step_time_without_step_time_or_scored_columns(caps
     rows = json.loads(out_json.read_text())["rows"]
     assert rc == 0 and len(rows) == 2
     assert rows[0]["published_step_time_s"] == pytest.approx(2.5) and rows[0]["predicted_step_time_s"] > 0
-    assert rows[1]["error"] and "tflops_per_gpu" in rows[1]["error"] and "step_time_s" in rows[1]["error"]
+    assert rows[1]["error"] is None and rows[1].get("ape") is None and rows[1]["published_step_time_s"] is None
+    assert rows[1]["predicted_step_time_s"] == pytest.approx(rows[0]["predicted_step_time_s"], rel=1e-12)
+    assert rows[1]["predicted_p10_step_time_s"] < rows[1]["predicted_step_time_s"] < rows[1]["predicted_p90_step_time_s"]
+    why = next(a for a in rows[1]["assumed"] if a.startswith("not scored"))
+    assert "tflops_per_gpu" in why and "step_time_s" in why
+    overall = json.loads(out_json.read_text())["summary"]["overall"]
+    assert (overall["count"], overall["predicted"], overall["unscored"], overall["misses"]) == (2, 1, 1, 0)
 
 
 def test_validate_csv_without_any_step_time_column(capsys, tmp_path):

@@ -495,6 +495,37 @@ def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
     return {**row, **{c: str(v) for c, v in filled.items()}}
 
 
+def fill_degrees(row: dict, assumed: list[str]) -> dict:
+    """The row with a blank ``tp`` or ``pp`` filled, each named in ``assumed``: from the GPU count where the
+    other degrees and ``dp`` are given (num_gpus / (the others x cp x dp), when that is a whole number), else 1
+    (not published: a stack that names no tensor or pipeline parallelism ran none). A row whose given degrees
+    cannot fill its GPUs that way keeps the blank, and _check_numbers names it."""
+    blank = [c for c in ("tp", "pp") if _num(row.get(c, "")) is None]
+    gpus = _num(row.get("num_gpus", ""))
+    if not blank or not gpus or gpus != int(gpus) or gpus < 1:
+        return row
+    cp, dp = _int(row.get("cp", "")) or 1, _int(row.get("dp", ""))
+    known = 1
+    for c in ("tp", "pp"):
+        if c not in blank:
+            x = _num(row[c])
+            if x is None or x != int(x) or x < 1:
+                return row
+            known *= int(x)
+    filled: dict[str, int] = {}
+    if dp:
+        rest, left = divmod(int(gpus), known * cp * dp)
+        if left or rest < 1 or (len(blank) == 2 and rest != 1):
+            return row
+        filled = {blank[0]: rest} if len(blank) == 1 else {"tp": 1, "pp": 1}
+        how = f"num_gpus / ({' x '.join([c for c in ('tp', 'pp') if c not in blank] + ['cp', 'dp'])})"
+    else:
+        filled = {c: 1 for c in blank}
+        how = "not published"
+    assumed.append(f"{', '.join(f'{c}={v}' for c, v in filled.items())} ({how})")
+    return {**row, **{c: str(v) for c, v in filled.items()}}
+
+
 def _check_numbers(row: dict) -> float:
     """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
     fraction, NaN, inf."""
@@ -552,7 +583,7 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
             continue
         assumed: list[str] = []
         try:
-            row = fill_from_catalog(row, assumed)
+            row = fill_degrees(fill_from_catalog(row, assumed), assumed)
             try:
                 published = _check_numbers(row)
             except NoStepTime as exc:

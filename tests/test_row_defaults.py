@@ -77,3 +77,19 @@ def test_a_row_giving_its_architecture_is_read_as_given(tmp_path, blank):
     # One blank required column with the others given still takes the catalog's value for it alone.
     case = _case(tmp_path, **{blank: ""})
     assert (case.model.layers, case.model.heads, case.model.hidden) == (126, 128, 16384)
+
+
+def test_a_blank_parallel_degree_is_filled_from_the_gpu_count_or_taken_as_none(tmp_path):
+    """pp blank with tp, cp and dp given: num_gpus / (tp x cp x dp); both blank with dp filling the GPUs:
+    1 and 1; blank without dp: 1 (a stack naming no pipeline ran none); degrees that cannot fill the GPUs keep
+    the blank, which stays an error naming the column."""
+    case = _case(tmp_path, pp="")
+    assert (case.plan.tp, case.plan.pp, case.plan.dp) == (8, 16, 64)
+    assert "pp=16 (num_gpus / (tp x cp x dp))" in case.assumed
+    case = _case(tmp_path, tp="", pp="", dp="8192", num_gpus="8192", model_name="Llama3-8B", layers="32",
+                 hidden="4096", ffn_hidden="14336", heads="32", vocab="128256", global_batch="8192")
+    assert (case.plan.tp, case.plan.pp, case.plan.dp) == (1, 1, 8192) and "tp=1, pp=1 (num_gpus / (cp x dp))" in case.assumed
+    case = _case(tmp_path, pp="", dp="")
+    assert (case.plan.tp, case.plan.pp, case.plan.dp) == (8, 1, 1024) and "pp=1 (not published)" in case.assumed
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "pp": "", "dp": "7"}]))
+    assert not cases and "column 'pp'" in errors[0]["error"]

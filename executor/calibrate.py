@@ -20,6 +20,7 @@ on the host factors, which refuses fewer runs than factors. No torch here.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,10 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
         if not p.exists():
             raise InputError(f"{spec}: file not found")
         if p.suffix.lower() == ".csv":
-            cases, errors = load_cases(p)
+            cases, errors = load_cases(p, unpublished=True)
+            # A row that publishes no step time (a TFLOP/s or MFU figure only) measures nothing to fit to.
+            timeless = [c for c in cases if not math.isfinite(c.published_step_time_s)]
+            cases = [c for c in cases if math.isfinite(c.published_step_time_s)]
             for e in errors:   # a bad row of this GPU type is an error; rows of other (or unknown) GPUs are not used
                 try:
                     mine_row = same_gpu(load_profile(str(e.get("gpu_type") or "")), profile)
@@ -96,13 +100,19 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                 if mine_row:
                     raise InputError(e["error"])
             mine = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
+            mine_timeless = [c.row for c in timeless if same_gpu(load_profile(c.cluster.gpu), profile)]
             if not mine:
+                if mine_timeless:
+                    raise InputError(f"{spec}: field 'step_time_s': no row on {profile.name} gives a step time "
+                                     f"(rows {', '.join(map(str, mine_timeless[:5]))} publish none); valid: a step "
+                                     f"time, or a measured_metric that gives one (tokens_per_sec_per_gpu, ...)")
                 types = sorted({c.gpu_type for c in cases}) or ["none (no scored=true rows)"]
                 raise InputError(f"{spec}: field 'gpu_type': no scored row on {profile.name} (the --profile GPU); "
                                  f"GPU types there: {', '.join(types)}")
             out += measurements_for(mine, {c.cluster.gpu: profile for c in mine})
             notes.append({"path": spec, "kind": "published-runs CSV", "runs": len(mine), "rows": [c.row for c in mine],
-                          "other_gpu_rows": len(cases) + len(errors) - len(mine)})
+                          "other_gpu_rows": len(cases) + len(errors) + len(timeless) - len(mine) - len(mine_timeless),
+                          "rows_without_step_time": mine_timeless})
             continue
         try:
             text = p.read_text(errors="replace")

@@ -41,6 +41,9 @@ def calibration_table(report: dict, console) -> None:
     for note in report.get("inputs", []):
         if note.get("other_gpu_rows"):
             console.print(f"{note['path']}: {note['other_gpu_rows']} scored row(s) on other GPU types left out")
+        if note.get("rows_without_step_time"):
+            console.print(f"{note['path']}: row(s) {', '.join(map(str, note['rows_without_step_time']))} give no "
+                          f"step time (a TFLOP/s or MFU figure only) and were left out")
         if note.get("kind") == "Megatron log":
             console.print(f"{note['path']}: median of {note['iterations_used']} logged iteration(s), warm-up "
                           f"iteration(s) {note['iterations_skipped'] or 'none'} skipped")

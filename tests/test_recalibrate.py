@@ -459,6 +459,25 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     assert p1[1]["wall_time_days"] == pytest.approx(p0[1]["wall_time_days"])   # B200: shipped
 
 
+def test_calibrate_leaves_out_rows_that_publish_no_step_time(tmp_path, capsys):
+    """A CSV row with only a TFLOP/s figure measures nothing to fit to: plan calibrate leaves it out and says
+    so; a CSV with no other row of the GPU is a one-line error naming step_time_s, and nothing is written."""
+    reader = csv.DictReader(io.StringIO(CSV.read_text()))
+    row = next(r for r in reader if r["scored"] == "true" and r["source_id"].startswith("DGXC")
+               and r["gpu_type"] == "H100")
+    timeless = {**row, "step_time_s": "", "measured_metric": "model_tflops_per_gpu", "measured_value": "500"}
+    both = write_rows(tmp_path / "both.csv", [row, timeless])
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", str(both), "--profile", "H100", "--out",
+                                  str(tmp_path / "cal.yaml"), "--json"])
+    rep = json.loads(out)
+    assert rc == 0 and rep["measurements"] == 1 and rep["inputs"][0]["rows_without_step_time"] == [1]
+    only = write_rows(tmp_path / "only.csv", [timeless])
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(only), "--profile", "H100", "--out",
+                                  str(tmp_path / "none.yaml")])
+    assert rc == 2 and err.count("\n") == 1 and "field 'step_time_s': no row on H100 gives a step time" in err
+    assert not (tmp_path / "none.yaml").exists()
+
+
 def test_bad_profiles_and_measurements_are_one_line_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: H100\nsources: [\n")

@@ -13,7 +13,9 @@ factors as the runs determine and leaves the rest at the profile's values:
 
 The calibrated profile remembers the architectures it was measured on. They get the update as fitted; another
 model gets OTHER_MODELS_WEIGHT of it (HardwareProfile.for_model), because a run's offset from the shipped
-profile is mostly its model's and only partly its software stack's.
+profile is mostly its model's and only partly its software stack's. Runs of several architectures give each of
+them the update its own runs determine (Calibration.per_model) and leave the update pooled over all of them to
+the models not measured.
 
 How the schemes compare was measured with costmodel/crossval.py :func:`one_run_calibration_cv` on data/validation/published_runs.csv
 (README, "Calibrate the model to your cluster"). Pure: specs in, numbers out; no files.
@@ -164,10 +166,10 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
 
     Runs of several architectures: the pooled update (fitted to all of them) is what a model not measured gets,
     at OTHER_MODELS_WEIGHT; each measured architecture gets the update its own runs determine
-    (Calibration.per_model). A pooled update alone would leave each model with the others' offsets: on the
-    published runs, one calibration per held-out source and GPU on the first run of every model there predicted
-    those models' other runs at 11.3% MAPE, against 8.0% calibrated one model at a time and 10.6% before any
-    calibration (costmodel/crossval.py one_run_calibration_cv, ``same_model_one_file``)."""
+    (Calibration.per_model). A pooled update alone leaves each model with the others' offsets: on the published
+    runs, one calibration per held-out source and GPU on the first run of every model there predicted those
+    models' other runs at 11.3% MAPE that way, 8.4% with each model's own factors (8.0% calibrated one model at
+    a time, 10.6% before any calibration; costmodel/crossval.py one_run_calibration_cv, ``same_model_one_file``)."""
     if not measurements:
         raise ValueError("no measurements to calibrate on")
     prior = profile.calibration
@@ -177,8 +179,8 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
     # What the update moved, as it was before (before an earlier plan calibrate, for a profile calibrated again).
     moved = {**{n: float(getattr(prior, n)) for n in names if float(getattr(cal, n)) != float(getattr(prior, n))},
              **prior.uncalibrated}
-    models = set(prior.measured_models) | {m.model.architecture_key() for m in measurements}
     archs = {m.model.architecture_key() for m in measurements}
+    models = set(prior.measured_models) | archs
     per_model = _per_model(measurements, profile, fitted_by, factors, names) \
         if len(archs) > 1 or prior.per_model else {}
     if per_model:

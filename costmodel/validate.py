@@ -512,7 +512,6 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
             if x is None or x != int(x) or x < 1:
                 return row
             known *= int(x)
-    filled: dict[str, int] = {}
     if dp:
         rest, left = divmod(int(gpus), known * cp * dp)
         if left or rest < 1 or (len(blank) == 2 and rest != 1):

@@ -158,21 +158,18 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
 
     fitted: dict[tuple[int, ...], HardwareProfile] = {}
 
-    def calibrated_on(anchors: list) -> HardwareProfile:
+    def calibrated(anchors: tuple) -> HardwareProfile:
         """The base profile of the anchors' GPU calibrated on all of them at once (one plan calibrate)."""
         key = tuple(a.row for a in anchors)
         if key not in fitted:
             gpu = anchors[0].gpu_type
             prof = base(gpu)
-            cal, _ = recalibrate(measurements_for(anchors, {gpu: prof}), prof,
+            cal, _ = recalibrate(measurements_for(list(anchors), {gpu: prof}), prof,
                                  fitted_by=f"one-run calibration on row(s) {', '.join(map(str, key))}")
             if other_models_weight is not None:
                 cal = cal.model_copy(update={"other_models_weight": other_models_weight})
             fitted[key] = prof.model_copy(update={"calibration": cal})
         return fitted[key]
-
-    def calibrated(anchor) -> HardwareProfile:
-        return calibrated_on([anchor])
 
     def grouped(key) -> dict[tuple, list]:
         groups: dict[tuple, list] = {}
@@ -183,8 +180,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
         """(anchor, target) pairs -> errors after and before calibration; an anchor is a row, or a tuple of the
         rows one calibration takes together."""
-        after = [abs_percent_error(pred(t, calibrated_on(list(a)) if isinstance(a, tuple) else calibrated(a)),
-                                   t.published_step_time_s) for a, t in pairs]
+        after = [abs_percent_error(pred(t, calibrated(a if isinstance(a, tuple) else (a,))), t.published_step_time_s)
+                 for a, t in pairs]
         before = [abs_percent_error(pred(t, base(t.gpu_type)), t.published_step_time_s) for a, t in pairs]
         return after, before
 

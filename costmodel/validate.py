@@ -779,24 +779,22 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
     rows = []
     for c in cases:
         prof = (profiles or {}).get(c.cluster.gpu)
+        # None for a row predicted but not scored (it publishes no step time).
+        published = c.published_step_time_s if math.isfinite(c.published_step_time_s) else None
         try:
             pred = predict_case(c, prof)
         except (ValueError, FloatingPointError) as exc:
             rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                         "predicted_step_time_s": None,
-                         "published_step_time_s": c.published_step_time_s if math.isfinite(c.published_step_time_s)
-                         else None,
+                         "predicted_step_time_s": None, "published_step_time_s": published,
                          "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
-        scored = math.isfinite(c.published_step_time_s)
         pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"]))
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                     "model_name": c.model.name, **case_features(c), **pred,
-                     "published_step_time_s": c.published_step_time_s if scored else None,
+                     "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": published,
                      "error": None if ok else "non-finite prediction",
-                     "ape": abs_percent_error(pred["predicted_step_time_s"], c.published_step_time_s)
-                     if ok and scored else None})
+                     "ape": abs_percent_error(pred["predicted_step_time_s"], published)
+                     if ok and published is not None else None})
     for e in errors:
         rows.append({**e, "predicted_step_time_s": None, "predicted_peak_memory_bytes": None, "fits": None,
                      "ape": None})

@@ -89,9 +89,6 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
             raise InputError(f"{spec}: file not found")
         if p.suffix.lower() == ".csv":
             cases, errors = load_cases(p, unpublished=True)
-            # A row that publishes no step time (a TFLOP/s or MFU figure only) measures nothing to fit to.
-            timeless = [c for c in cases if not math.isfinite(c.published_step_time_s)]
-            cases = [c for c in cases if math.isfinite(c.published_step_time_s)]
             for e in errors:   # a bad row of this GPU type is an error; rows of other (or unknown) GPUs are not used
                 try:
                     mine_row = same_gpu(load_profile(str(e.get("gpu_type") or "")), profile)
@@ -99,8 +96,10 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                     mine_row = False
                 if mine_row:
                     raise InputError(e["error"])
-            mine = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
-            mine_timeless = [c.row for c in timeless if same_gpu(load_profile(c.cluster.gpu), profile)]
+            on_gpu = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
+            # A row that publishes no step time (a TFLOP/s or MFU figure only) measures nothing to fit to.
+            mine = [c for c in on_gpu if math.isfinite(c.published_step_time_s)]
+            mine_timeless = [c.row for c in on_gpu if not math.isfinite(c.published_step_time_s)]
             if not mine:
                 if mine_timeless:
                     raise InputError(f"{spec}: field 'step_time_s': no row on {profile.name} gives a step time "
@@ -111,7 +110,7 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                                  f"GPU types there: {', '.join(types)}")
             out += measurements_for(mine, {c.cluster.gpu: profile for c in mine})
             notes.append({"path": spec, "kind": "published-runs CSV", "runs": len(mine), "rows": [c.row for c in mine],
-                          "other_gpu_rows": len(cases) + len(errors) + len(timeless) - len(mine) - len(mine_timeless),
+                          "other_gpu_rows": len(cases) + len(errors) - len(on_gpu),
                           "rows_without_step_time": mine_timeless})
             continue
         try:

@@ -501,19 +501,24 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
     (not published: a stack that names no tensor or pipeline parallelism ran none). A row whose given degrees
     cannot fill its GPUs that way keeps the blank, and _check_numbers names it."""
     blank = [c for c in ("tp", "pp") if _num(row.get(c, "")) is None]
-    gpus = _num(row.get("num_gpus", ""))
-    if not blank or not gpus or gpus != int(gpus) or gpus < 1:
+    given = {}
+    for c in ("num_gpus", "tp", "pp", "cp", "dp"):
+        x = _num(row.get(c, ""))
+        if x is None:
+            continue
+        if not math.isfinite(x) or x != int(x) or x < 0:   # inf, NaN, a fraction: _check_numbers names it
+            return row
+        given[c] = int(x)
+    gpus = given.get("num_gpus", 0)
+    if not blank or gpus < 1 or any(given[c] < 1 for c in ("tp", "pp") if c not in blank):
         return row
-    cp, dp = _int(row.get("cp", "")) or 1, _int(row.get("dp", ""))
+    cp, dp = given.get("cp") or 1, given.get("dp")
     known = 1
     for c in ("tp", "pp"):
         if c not in blank:
-            x = _num(row[c])
-            if x is None or x != int(x) or x < 1:
-                return row
-            known *= int(x)
+            known *= given[c]
     if dp:
-        rest, left = divmod(int(gpus), known * cp * dp)
+        rest, left = divmod(gpus, known * cp * dp)
         if left or rest < 1 or (len(blank) == 2 and rest != 1):
             return row
         filled = {blank[0]: rest} if len(blank) == 1 else {"tp": 1, "pp": 1}
@@ -528,16 +533,20 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
 def _check_numbers(row: dict) -> float:
     """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
     fraction, NaN, inf."""
-    for col in _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",):
+    columns = _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",)
+    for col in columns:   # a wrong number first: it is why a blank degree could not be filled
         raw = (row.get(col) or "").strip()
-        if _num(raw) is None:
-            if col in _REQUIRED_INTS or (raw and raw.lower() not in _ABSENT):
+        x = _num(raw)
+        if x is None:
+            if raw and raw.lower() not in _ABSENT:
                 raise ValueError(f"column '{col}': expected a positive integer, got {raw!r}")
             continue
-        x = _num(raw)
         low = 0 if col == "moe_experts" or col in _OPTIONAL_INTS else 1   # an optional 0: not used / unset
         if not math.isfinite(x) or x != int(x) or not low <= x <= INT64_MAX:
             raise ValueError(f"column '{col}': expected an integer >= {low}, got {raw!r}")
+    for col in _REQUIRED_INTS:
+        if _num(row.get(col) or "") is None:
+            raise ValueError(f"column '{col}': expected a positive integer, got {(row.get(col) or '').strip()!r}")
     raw = (row.get("step_time_s") or "").strip()
     t = _num(raw) if raw else published_step_time(row)
     if t is None or not math.isfinite(t) or t <= 0:

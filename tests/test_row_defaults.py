@@ -93,3 +93,11 @@ def test_a_blank_parallel_degree_is_filled_from_the_gpu_count_or_taken_as_none(t
     assert (case.plan.tp, case.plan.pp, case.plan.dp) == (8, 1, 1024) and "pp=1 (not published)" in case.assumed
     cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "pp": "", "dp": "7"}]))
     assert not cases and "column 'pp'" in errors[0]["error"]
+
+
+@pytest.mark.parametrize("col, bad", [("cp", "INF"), ("pp", "inf"), ("dp", "nan"), ("num_gpus", "1e400"),
+                                      ("dp", "2.5"), ("cp", "-1")])
+def test_a_blank_degree_beside_a_number_that_is_not_whole_is_an_error_naming_that_number(tmp_path, col, bad):
+    # The fuzzing of CI found tp blank with cp or pp 'INF' raising OverflowError instead of the row's error.
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "tp": "", col: bad}]))
+    assert not cases and f"column '{col}': expected an integer" in errors[0]["error"], errors

@@ -27,7 +27,14 @@ Kind = Literal["gpu", "host"]
 
 
 class InputError(ValueError):
-    """Bad user input: one line naming the file and field, and what would be valid."""
+    """Bad user input: one line naming the file and field, and what would be valid. A line break a message
+    quotes from the user's file (a key, a value) is written as the escape ``\\n``, so the message stays one
+    line."""
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        if isinstance(message, str):
+            message = message.replace("\r", "\\r").replace("\n", "\\n")
+        super().__init__(message, *args)
 
 
 class Sourced(FrozenSpec):

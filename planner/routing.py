@@ -110,7 +110,7 @@ def load_routing(path: str, model: ModelSpec, *, capacity_factor: float | None =
     where = "(top level)"
     if isinstance(data, dict):
         if HISTOGRAM_KEY not in data:
-            keys = ", ".join(sorted(map(str, data))[:8]) or "none"
+            keys = ", ".join(repr(k) for k in sorted(map(str, data))[:8]) or "none"
             raise InputError(f"{p}: no field '{HISTOGRAM_KEY}' (keys: {keys}); expected a list per MoE layer of "
                              f"token counts per expert")
         data, where = data[HISTOGRAM_KEY], HISTOGRAM_KEY

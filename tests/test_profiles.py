@@ -488,3 +488,9 @@ def test_cluster_unknown_field_and_gpu(tmp_path):
     broken.write_text(text + "\n  : : [\n")
     with pytest.raises(InputError, match="malformed YAML"):
         load_cluster(broken)
+
+
+def test_an_input_error_quoting_a_line_break_stays_one_line():
+    # Messages quote keys and values from the user's file; a line break in them is escaped, not printed.
+    err = InputError("f.yaml: field 'x\ny': expected a number, got 'a\r\nb'")
+    assert str(err) == "f.yaml: field 'x\\ny': expected a number, got 'a\\r\\nb'" and "\n" not in str(err)

@@ -206,6 +206,8 @@ def test_file_formats(tmp_path, qwen):
     ({"moe_routing_histogram": [[1] * 64]}, "64 experts per layer but qwen3-30b-a3b has 128 routed experts"),
     ({"moe_routing_histogram": [[1] * 128] * 3}, "3 layers but qwen3-30b-a3b has 48 MoE layers"),
     ({"counts": [1] * 128}, "no field 'moe_routing_histogram'"),
+    # A key with a line break (found by fuzzing) is quoted with the break escaped: the error stays one line.
+    ({"a\nb": None}, "(keys: 'a\\nb')"),
     ({"moe_routing_histogram": [[1] * 128, [1] * 127]}, "field 'moe_routing_histogram'"),
 ])
 def test_bad_histograms_are_one_line_exit_2(tmp_path, capsys, content, message):

@@ -46,12 +46,13 @@ _END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
 _ARG = re.compile(r"^(?:\s*\S+:)?\s+([A-Za-z_][A-Za-z0-9_]*) (?:\.+ |\s)(.*?)\s*$")
 _YAML = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*):\s+([^#{}\[\]]*?)\s*$")
 _ITER = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
-_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+(?:[eE][-+]?\d+)?)")
-_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.]+)")
+_NUMBER = r"((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"   # 12, 12.5, .5, 1e3: not a lone "."
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER)
+_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER)
 _GBS = re.compile(r"global batch size:\s*(\d+)")
 # NeMo (PyTorch Lightning progress bar): "Epoch 0: ... 5/100 [01:02<19:40, ..., global_step=4.000, ...,
 # train_step_timing in s=12.1]" (seconds, the last step)
-_NEMO_STEP = re.compile(r"global_step=([0-9.]+).*?train_step_timing in s=([0-9.]+(?:[eE][-+]?\d+)?)")
+_NEMO_STEP = re.compile(r"global_step=" + _NUMBER + r".*?train_step_timing in s=" + _NUMBER)
 _PADDED = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 _DEVICE = re.compile(r"NVIDIA ((?:GB|[A-Z])\d{2,3}[A-Za-z]*(?:[- ]?\d+GB)?)")
 # Names the YAML fallback looks for (Megatron-Bridge / NeMo 2 configuration dumps use Megatron's names).
@@ -117,7 +118,7 @@ def parse_iterations(text: str) -> list[tuple[int, float, float | None, int | No
         m = _ITER.search(ln)
         if not m:
             n = _NEMO_STEP.search(ln)
-            if n:   # global_step counts finished steps before this one
+            if n and math.isfinite(float(n.group(1))):   # global_step counts finished steps before this one
                 out.append((int(float(n.group(1))) + 1, float(n.group(2)) * 1e3, None, None))
             continue
         rest = m.group(3)
@@ -165,15 +166,19 @@ class _Args:
                 return v
         return default
 
-    def int(self, *names: str, default: int | None = None, required: bool = False) -> int | None:
+    def int(self, *names: str, default: int | None = None, required: bool = False, low: int = 1) -> int | None:
+        """The first of ``names`` the log prints, as an integer >= ``low`` (1: a size or a count that divides;
+        0 where none is a setting, such as no experts)."""
         v = self.get(*names)
         if v is None:
             if required:
                 raise InputError(f"{self.source}: field '{names[0]}' is not in the log's argument dump (Megatron "
                                  f"prints it between '---- arguments ----' and '---- end of arguments ----')")
             return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-            raise InputError(f"{self.source}: field '{names[0]}' = {self.raw.get(names[0])!r}: expected an integer")
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or int(v) != v
+                or v < low):
+            name = next(n for n in names if _value(self.raw.get(n)) is not None)
+            raise InputError(f"{self.source}: field '{name}' = {self.raw.get(name)!r}: expected an integer >= {low}")
         return int(v)
 
     def flag(self, *names: str) -> bool:
@@ -220,7 +225,7 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
     groups = a.int("num_query_groups")
     kv = groups if (groups and (gqa or gqa is None) and groups != heads) else None
     vocab = vocab_padded or a.int("padded_vocab_size", "vocab_size", required=True)
-    experts = a.int("num_experts", "num_moe_experts", default=0)
+    experts = a.int("num_experts", "num_moe_experts", default=0, low=0)
     spec: dict = dict(name=name, layers=layers, hidden=hidden, heads=heads, ffn_hidden=ffn, kv_heads=kv,
                       vocab=vocab, seq_len=a.int("seq_length", required=True),
                       gated_mlp=a.flag("swiglu", "gated_linear_unit"),
@@ -229,18 +234,18 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
                       else a.flag("share_embeddings_and_output_weights"),
                       learned_position_embeddings=str(a.get("position_embedding_type", default="learned_absolute"))
                       == "learned_absolute", precision=_precision(a),
-                      mtp_layers=a.int("mtp_num_layers", default=0))
+                      mtp_layers=a.int("mtp_num_layers", default=0, low=0))
     kv_ch = a.int("kv_channels")
     if kv_ch and kv_ch != hidden // heads:
         spec["head_dim"] = kv_ch
     if experts:
         moe_ffn = a.int("moe_ffn_hidden_size", default=ffn)
-        shared = a.int("moe_shared_expert_intermediate_size", default=0)
+        shared = a.int("moe_shared_expert_intermediate_size", default=0, low=0)
         spec.update(num_experts=experts, moe_topk=a.int("moe_router_topk", default=2), moe_ffn_hidden=moe_ffn,
                     shared_experts=shared // moe_ffn if shared else 0,
                     dense_layers=_dense_layers(a.get("moe_layer_freq"), layers))
     if a.flag("multi_latent_attention"):
-        spec.update(mla_kv_lora_rank=a.int("kv_lora_rank", default=512), mla_q_lora_rank=a.int("q_lora_rank"),
+        spec.update(mla_kv_lora_rank=a.int("kv_lora_rank", default=512), mla_q_lora_rank=a.int("q_lora_rank", low=0),
                     mla_rope_dim=a.int("qk_pos_emb_head_dim", default=64), head_dim=a.int("qk_head_dim", default=128),
                     mla_v_head_dim=a.int("v_head_dim", default=128), kv_heads=None)
     try:
@@ -275,7 +280,7 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
         recompute = gran
         if gran == "full" and a.get("recompute_method") == "block":
             layers = a.int("recompute_num_layers", default=1) * vpp
-    elif a.flag("cpu_offloading") and a.int("cpu_offloading_num_layers", default=0):
+    elif a.flag("cpu_offloading") and a.int("cpu_offloading_num_layers", default=0, low=0):
         # megatron-core --cpu-offloading (activations to host memory; Megatron-Bridge's FSDP recipes).
         recompute, layers = "offload", a.int("cpu_offloading_num_layers")
     strategy = str(a.get("data_parallel_sharding_strategy", default="optim_grads_params"))
@@ -285,7 +290,7 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
     gbs = global_batch or a.int("global_batch_size", required=True)
     try:
         plan = ParallelPlan(tp=tp, pp=pp, vpp=max(vpp, 1), dp=dp, cp=cp, ep=a.int("expert_model_parallel_size", default=1),
-                            etp=(a.int("expert_tensor_parallel_size", default=1) or 1) if model.is_moe else 1,
+                            etp=(a.int("expert_tensor_parallel_size", default=1, low=0) or 1) if model.is_moe else 1,
                             sequence_parallel=a.flag("sequence_parallel"),
                             micro_batch=a.int("micro_batch_size", required=True), global_batch=gbs,
                             recompute=recompute, recompute_layers=layers, distributed_optimizer=zero >= 1,

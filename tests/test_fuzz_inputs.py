@@ -1,8 +1,15 @@
 """Property-based tests of the readers of user files: the cluster loader, the Hugging Face import, the
-validation CSV reader, the routing-histogram reader and the plan.json reader. Whatever the file holds, the
+validation CSV reader, the routing-histogram reader, the Megatron training-log reader and the plan.json reader. Whatever the file holds, the
 reader returns a spec or raises the project's own one-line InputError (the CLI's exit 2) -- never another
 exception. A spec that loads is then used (a rule check and an estimate, or a validation run), which must not
 raise anything else either.
+
+The test suite draws the same examples on every run (derandomized: CI passes or fails on the code, not on the
+draw). To search further, draw new ones and more of them:
+
+    FUZZ_RANDOM=1 FUZZ_EXAMPLES=12000 python -m pytest -q tests/test_fuzz_inputs.py
+
+and keep what that finds as a regression test (two CSV-reader and routing-reader failures were found so).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from costmodel.plan import ParallelPlan
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                derandomize=os.environ.get("FUZZ_RANDOM") != "1",
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # Values of every kind a hand-edited file might hold where a number belongs.
@@ -297,6 +305,65 @@ def test_plan_json_reader(workdir, edits, drop, raw):
     stated = data["plan"] if raw is None else json.loads(raw)["plan"]
     assert all(k in stated for k in REQUIRED_PLAN_FIELDS)
     assert plan.tp == stated["tp"] and plan.global_batch == stated["global_batch"]
+
+
+# Megatron training log (plan calibrate --measurements train.log) ----------------------------------------
+
+LOG = (ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log").read_text()
+LOG_LINES = LOG.splitlines()
+LOG_ARGS = ["num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+            "seq_length", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "micro_batch_size", "global_batch_size", "num_experts", "moe_router_topk", "recompute_granularity",
+            "virtual_pipeline_model_parallel_size", "log_interval", "fp8", "bf16", "data_parallel_size",
+            "expert_model_parallel_size", "kv_channels", "use_distributed_optimizer"]
+ITER_FIELDS = ["elapsed time per iteration (ms)", "global batch size", "throughput per GPU (TFLOP/s/GPU)"]
+
+
+def _log_edit(text: str, name: str, value: str) -> str:
+    """The log with argument ``name``'s value (dump line) or iteration field ``name`` (every iteration line)
+    replaced by ``value``; an argument the log does not print is appended to the dump."""
+    import re
+
+    if name in ITER_FIELDS:
+        return re.sub(rf"({re.escape(name)}:)\s*[^|]*", lambda m: f"{m.group(1)} {value} ", text)
+    line = re.compile(rf"^(\s*{name} \.+ ).*$", re.M)
+    if line.search(text):
+        return line.sub(lambda m: m.group(1) + value, text)
+    return text.replace("-------------------- end of arguments", f"  {name} {'.' * 20} {value}\n"
+                        "-------------------- end of arguments", 1)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(LOG_ARGS + ITER_FIELDS), cells), min_size=1, max_size=4),
+       drop=st.lists(st.integers(0, len(LOG_LINES) - 1), max_size=6), warmup=st.integers(-2, 40))
+def test_training_log_reader(workdir, edits, drop, warmup):
+    from costmodel.runlog import parse_megatron_log
+
+    text = "\n".join(ln for i, ln in enumerate(LOG_LINES) if i not in set(drop))
+    for name, value in edits:
+        text = _log_edit(text, name, value.replace("\n", " "))
+    run = _read(lambda: parse_megatron_log(text, "train.log", gpu="H100", warmup_iterations=warmup))
+    if run is None:
+        return
+    m = run.measurement
+    assert math.isfinite(m.step_time_s) and m.step_time_s > 0 and run.iterations
+    _price(m.model, m.cluster, m.plan)
+
+
+NEMO_LINES = ["Epoch 0: : 5/100 [01:02<19:40, reduced_train_loss=9.870, global_step=4.000, consumed_samples=640.0, "
+              "train_step_timing in s=12.10]", "global_step=1e400 train_step_timing in s=.5",
+              "global_step=7 train_step_timing in s=1e400", "global_step=. train_step_timing in s=3"]
+
+
+@FUZZ
+@given(content=st.one_of(st.text(max_size=400),
+                         st.lists(st.sampled_from(LOG_LINES + NEMO_LINES), max_size=40).map("\n".join)))
+def test_training_log_reader_any_text(content):
+    from costmodel.runlog import parse_megatron_log
+
+    run = _read(lambda: parse_megatron_log(content, "train.log", gpu="H100"))
+    if run is not None:
+        _price(run.measurement.model, run.measurement.cluster, run.measurement.plan)
 
 
 # plan check arguments through the CLI --------------------------------------------------------------

@@ -7,6 +7,7 @@ a source id that the profile's ``sources`` table resolves to a citation.
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.specs import ClusterSpec, FrozenSpec
 
@@ -40,8 +41,8 @@ class InputError(ValueError):
 class Sourced(FrozenSpec):
     """A number with the id of its source."""
 
-    value: float = Field(allow_inf_nan=False)
-    """The number, in the unit its field name says (finite)."""
+    value: float = Field(allow_inf_nan=False, gt=0)
+    """The number, in the unit its field name says (finite and positive: a size, a rate or an efficiency)."""
     source: str
     """Key into the profile's sources table."""
 
@@ -85,6 +86,8 @@ class GemmPoint(FrozenSpec):
 
 class Calibration(FrozenSpec):
     """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gemm_efficiency: float = Field(default=1.0, gt=0)
     """Multiplier on the GEMM efficiency curve as real training kernels reach it."""
@@ -130,6 +133,26 @@ class Calibration(FrozenSpec):
     factor values fitted to that architecture's runs alone, which it gets in place of the pooled update above
     (HardwareProfile.for_model); a model not measured gets the pooled update at ``other_models_weight``. Empty
     after a calibration on one architecture (the pooled update is that architecture's own)."""
+
+    @model_validator(mode="after")
+    def _factor_maps_name_factors(self) -> Calibration:
+        """``uncalibrated`` and each ``per_model`` entry map factor names to values those factors may take (they
+        are applied without validation by HardwareProfile.for_model)."""
+        maps = [("uncalibrated", self.uncalibrated)] + [(f"per_model.{k}", v) for k, v in self.per_model.items()]
+        for where, values in maps:
+            for name, value in values.items():
+                field = type(self).model_fields.get(name)
+                if field is None or field.annotation is not float or name == "other_models_weight":
+                    raise ValueError(f"{where}: {name!r} is not a calibration factor; expected one of "
+                                     f"{', '.join(_FACTOR_NAMES)}")
+                low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
+                if not math.isfinite(value) or (value < low if low is not None else value <= 0):
+                    raise ValueError(f"{where}.{name} = {value}: expected a finite number "
+                                     f"{'>= ' + str(low) if low is not None else '> 0'}")
+        return self
+
+
+_FACTOR_NAMES = [n for n, f in Calibration.model_fields.items() if f.annotation is float and n != "other_models_weight"]
 
 
 class HardwareProfile(FrozenSpec):

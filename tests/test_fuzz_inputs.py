@@ -366,6 +366,45 @@ def test_training_log_reader_any_text(content):
         _price(run.measurement.model, run.measurement.cluster, run.measurement.plan)
 
 
+# Calibrated profile YAML (--profile FILE) ----------------------------------------------------------------
+
+H100_PROFILE = yaml.safe_load((ROOT / "hardware_profiles" / "gpus" / "H100.yaml").read_text())
+CAL_FIELDS = ["calibration.gemm_efficiency", "calibration.fp8_gemm_efficiency", "calibration.moe_overhead",
+              "calibration.comm_exposed", "calibration.memory_bound_efficiency", "calibration.attention_efficiency",
+              "calibration.a2a_time", "calibration.layer_overhead_s", "calibration.other_models_weight",
+              "calibration.measured_models", "calibration.uncalibrated", "calibration.per_model",
+              "calibration.uncalibrated.gemm_efficiency", "memory_bytes.value", "hbm_bandwidth_bytes_per_s.value",
+              "peak_flops.bf16.value", "usable_memory_fraction", "nvlink_bandwidth_bytes_per_s.value", "name"]
+DENSE_KEY, MOE_KEY = get_model("8b").architecture_key(), get_model("mixtral-8x7b").architecture_key()
+per_model_values = st.dictionaries(st.sampled_from([DENSE_KEY, MOE_KEY, "x"]),
+                                   st.dictionaries(st.sampled_from(["gemm_efficiency", "moe_overhead", "comm_exposed",
+                                                                    "fitted_by", "per_model", "nope"]), scalars,
+                                                   max_size=3), max_size=2)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(CAL_FIELDS), st.one_of(values, per_model_values)), min_size=1,
+                      max_size=4),
+       measured=st.booleans())
+def test_calibrated_profile_reader(workdir, edits, measured):
+    from costmodel.profiles import load_profile
+
+    base = json.loads(json.dumps(H100_PROFILE))
+    if measured:   # as plan calibrate writes it: measured on the 8B, 20% to other models
+        base["calibration"].update(measured_models=[DENSE_KEY], other_models_weight=0.2,
+                                   uncalibrated={"gemm_efficiency": base["calibration"].get("gemm_efficiency", 1.0)})
+    p = _write(_fresh(workdir), "cal.yaml", yaml.safe_dump(_mutate(base, edits), sort_keys=False))
+    prof = _read(load_profile, str(p))
+    if prof is None:
+        return
+    from costmodel.profiles import load_cluster as lc
+
+    for name in ("8b", "mixtral-8x7b"):
+        model = get_model(name).model_copy(update={"layers": 4})
+        est = estimate(model, lc("h100x512"), ParallelPlan(tp=8, dp=64, global_batch=64), profile=prof)
+        assert math.isfinite(est.step_time_s) and est.step_time_s > 0
+
+
 # plan check arguments through the CLI --------------------------------------------------------------
 
 arg_values = st.one_of(st.integers(-3, 2**70).map(str), st.sampled_from(["0", "1", "2", "8", "-1", "1.5", "nan",

@@ -494,3 +494,25 @@ def test_an_input_error_quoting_a_line_break_stays_one_line():
     # Messages quote keys and values from the user's file; a line break in them is escaped, not printed.
     err = InputError("f.yaml: field 'x\ny': expected a number, got 'a\r\nb'")
     assert str(err) == "f.yaml: field 'x\\ny': expected a number, got 'a\\r\\nb'" and "\n" not in str(err)
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("{value: 3.35e+12, source: H100_DATASHEET}", "{value: 0, source: H100_DATASHEET}",
+     "hbm_bandwidth_bytes_per_s.value"),
+    ("  gemm_efficiency: 0.9660568749841842", "  gemm_efficiency: .inf", "calibration.gemm_efficiency"),
+    ("calibration:\n", "calibration:\n  per_model: {'L32 h4096': {fitted_by: 1.0}}\n",
+     "per_model.L32 h4096: 'fitted_by' is not a calibration factor"),
+    ("calibration:\n", "calibration:\n  per_model: {'L32 h4096': {gemm_efficiency: -1}}\n",
+     "per_model.L32 h4096.gemm_efficiency = -1.0: expected a finite number > 0"),
+    ("calibration:\n", "calibration:\n  uncalibrated: {comm_exposed: -0.5}\n",
+     "uncalibrated.comm_exposed = -0.5: expected a finite number >= 0"),
+])
+def test_a_number_a_profile_cannot_use_is_a_one_line_error(tmp_path, old, new, field):
+    # Found by fuzzing --profile FILE: HBM bandwidth 0 priced a step at NaN; per_model / uncalibrated entries
+    # were applied without validation.
+    path = tmp_path / "cal.yaml"
+    path.write_text(_profile_text(**{old: new}))
+    with pytest.raises(InputError) as err:
+        load_profile(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and field in msg and "\n" not in msg, msg

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
 from costmodel.files import write_file_atomic
 from costmodel.fit import Measurement, fit_calibration, host_factors, predict
 from costmodel.plan import ParallelPlan, plan_label
-from costmodel.profiles import Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu
+from costmodel.profiles import (Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu,
+                                validation_line)
 from costmodel.recalibrate import recalibrate
 from costmodel.specs import ClusterSpec, ModelSpec
 
@@ -44,20 +46,46 @@ def load_measurement(path: str | Path, cluster: ClusterSpec | None = None) -> Me
     if not summary_path.exists():
         raise InputError(f"{path}: no summary.json beside it (give an executor run directory or its metrics.jsonl)")
     try:
-        summary = json.loads(summary_path.read_text())
-        model = ModelSpec.model_validate(summary["model"])
-        plan = ParallelPlan.model_validate(summary["plan"])
-    except (json.JSONDecodeError, KeyError) as e:
-        raise InputError(f"{summary_path}: not an executor summary ({e})") from None
-    if cluster is None:
-        if "cluster" not in summary:
-            raise InputError(f"{summary_path}: the run's plan has no cluster; pass --cluster C.yaml")
-        cluster = ClusterSpec.model_validate(summary["cluster"])
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    times = [r["step_time_s"] for r in rows[1:]] or [r["step_time_s"] for r in rows]
+        summary = json.loads(summary_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{summary_path}: not an executor summary (malformed JSON: {e})") from None
+    if not isinstance(summary, dict) or not {"model", "plan"} <= set(summary):
+        raise InputError(f"{summary_path}: not an executor summary; expected a JSON object with fields 'model' and "
+                         f"'plan' (as plan run writes it)")
+    if cluster is None and "cluster" not in summary:
+        raise InputError(f"{summary_path}: the run's plan has no cluster; pass --cluster C.yaml")
+    parts = {}
+    for key, spec in (("model", ModelSpec), ("plan", ParallelPlan), ("cluster", ClusterSpec)):
+        if key == "cluster" and cluster is not None:
+            continue
+        try:
+            parts[key] = spec.model_validate(summary[key])
+        except ValidationError as err:
+            raise InputError(f"{summary_path}: '{key}': {validation_line(err)}") from None
+    model, plan, cluster = parts["model"], parts["plan"], cluster or parts["cluster"]
+    return Measurement(model=model, cluster=cluster, plan=plan, step_time_s=_median_step_s(run / "metrics.jsonl"))
+
+
+def _median_step_s(metrics: Path) -> float:
+    """The median ``step_time_s`` of a run's metrics.jsonl, the first step (warm-up) left out when there are
+    others; a one-line error naming the line for anything that is not a positive step time."""
+    if not metrics.exists():
+        raise InputError(f"{metrics}: not found (plan run writes one line per step there)")
+    times = []
+    for i, ln in enumerate(metrics.read_bytes().decode("utf-8", "replace").splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            t = float(json.loads(ln)["step_time_s"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise InputError(f"{metrics}: line {i}: field 'step_time_s': expected a JSON object with a step time "
+                             f"in seconds") from None
+        if not (math.isfinite(t) and t > 0):
+            raise InputError(f"{metrics}: line {i}: field 'step_time_s' = {t}: expected a time in seconds > 0")
+        times.append(t)
     if not times:
-        raise InputError(f"{run}/metrics.jsonl: no steps recorded")
-    return Measurement(model=model, cluster=cluster, plan=plan, step_time_s=float(np.median(times)))
+        raise InputError(f"{metrics}: no steps recorded")
+    return float(np.median(times[1:] or times))
 
 
 def load_measurements(paths: list[str], cluster: ClusterSpec | None = None) -> list[Measurement]:

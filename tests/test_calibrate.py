@@ -111,3 +111,27 @@ def test_runs_are_read_and_the_calibrated_profile_loads(tmp_path):
     with pytest.raises(InputError, match="no summary.json"):
         load_measurement(str(tmp_path))
     assert np.isfinite(report["mape_before"])
+
+
+@pytest.mark.parametrize("summary, metrics, message", [
+    ("[1]", None, "summary.json: not an executor summary; expected a JSON object with fields 'model' and 'plan'"),
+    ("{nope", None, "summary.json: not an executor summary (malformed JSON"),
+    ({"model": {"name": "x"}}, None, "summary.json: 'model': field 'layers': Field required"),
+    (None, '{"step": 1, "step_time_s": "fast"}\n', "metrics.jsonl: line 1: field 'step_time_s': expected"),
+    (None, '{"step": 1}\n', "metrics.jsonl: line 1: field 'step_time_s': expected"),
+    (None, '{"step": 1, "step_time_s": -2}\n', "metrics.jsonl: line 1: field 'step_time_s' = -2.0: expected a time"),
+    (None, "\n", "metrics.jsonl: no steps recorded"),
+])
+def test_a_broken_run_directory_is_a_one_line_error_naming_the_file(tmp_path, summary, metrics, message):
+    # These raised TypeError / KeyError / ValueError with a traceback (plan calibrate --measurements RUN_DIR).
+    prof, cluster = host_setup()
+    run = tmp_path / "r"
+    write_run(run, get_model("small-gpt"), plans()[0], cluster, [1.0, 1.0])
+    if summary is not None:
+        good = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(summary if isinstance(summary, str) else json.dumps({**good, **summary}))
+    if metrics is not None:
+        (run / "metrics.jsonl").write_text(metrics)
+    with pytest.raises(InputError) as err:
+        load_measurement(str(run))
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -132,6 +132,10 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     (``profiles[gpu]``, default the shipped one) is calibrated on the group's first row and predicts the others.
     same_model_one_file: the same rows, but one calibration per (source, GPU) takes the first row of every
     such group at once, as ``plan calibrate --measurements RUNS.csv`` does with a CSV of one run per model.
+    same_config: the same_model pairs whose target has the anchor's configuration (model, layout, GPU count),
+    published by another release of the source; with ``floor``, the error of the anchor's own published step
+    time as their prediction: what a model that prices configurations perfectly would get on them after one
+    run, the release-to-release drift no calibration on one run removes.
     same_release: the same inside each software release of a source (source, release, GPU, model): one stack,
     as a user's cluster runs it (rows whose release is unsaid form their source's own group).
     other_models: in every (source, GPU) group with two or more models, each model's first row in turn
@@ -206,6 +210,15 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                     "source_id": a.source_id, **({"release": a.release} if by_release else {}),
                     "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row}
 
+    def same_config(groups: dict) -> dict:
+        """same_model's pairs whose target repeats the anchor's configuration, with the anchor's published
+        step time as their prediction (``floor``)."""
+        pairs = [(rows[0], t) for rows in groups.values() for t in rows[1:] if _same_config(rows[0], t)]
+        out = figure([(pairs, {})])
+        out.pop("groups")
+        floor = [abs_percent_error(a.published_step_time_s, t.published_step_time_s) for a, t in pairs]
+        return {**out, "floor": {**_stats(floor), "ape": [round(x, 3) for x in floor]}}
+
     def one_file(groups: dict):
         """Per (source, GPU): one calibration on the first row of every (source, GPU, model) group of two or
         more rows, the groups' other rows scored."""
@@ -234,6 +247,7 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     return {"scheme": SCHEME,
             "same_model": figure(same(by_model, False)),
             "same_model_one_file": figure(one_file(by_model)),
+            "same_config": same_config(by_model),
             "same_release": figure(same(grouped(lambda c: (c.source_id, c.release, c.gpu_type, c.model.name)),
                                         True)),
             "other_models": figure(others(grouped(lambda c: (c.source_id, c.gpu_type)), False)),
@@ -241,7 +255,12 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
                                                        True))}
 
 
-ONE_RUN_FIGURES = ("same_model", "same_model_one_file", "same_release", "other_models",
+def _same_config(a: Case, b: Case) -> bool:
+    """The same model, layout and GPU count: a run repeated (by another release of its source)."""
+    return a.model == b.model and a.plan == b.plan and a.cluster.num_gpus == b.cluster.num_gpus
+
+
+ONE_RUN_FIGURES = ("same_model", "same_model_one_file", "same_config", "same_release", "other_models",
                    "other_models_same_release")
 SCHEME = "one factor, the one the run moves most for how few fitted runs pin it down (costmodel/recalibrate.py)"
 
@@ -253,5 +272,9 @@ def pool_one_run(results: list[dict]) -> dict:
     for key in ONE_RUN_FIGURES:
         after = [x for r in results for x in r[key]["ape"]]
         before = [x for r in results for x in r[key]["ape_before"]]
-        out[key] = {**_stats(after), "before": _stats(before), "groups": [g for r in results for g in r[key]["groups"]]}
+        out[key] = {**_stats(after), "before": _stats(before),
+                    **({"groups": [g for r in results for g in r[key]["groups"]]} if "groups" in results[0][key]
+                       else {})}
+        if "floor" in results[0][key]:
+            out[key]["floor"] = _stats([x for r in results for x in r[key]["floor"]["ape"]])
     return out

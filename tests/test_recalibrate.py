@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -168,6 +169,27 @@ def test_bad_logs_are_one_line_errors_naming_file_and_field():
         parse_megatron_log("hello\nworld\n", "x.log", gpu="H100")
     with pytest.raises(InputError, match=r"all 30 logged iteration\(s\) fall in the first 40"):
         parse_megatron_log(log_text(), "x.log", gpu="H100", warmup_iterations=40)
+
+
+@pytest.mark.parametrize("name, value, low", [("num_layers", "nan", 1), ("num_layers", "inf", 1),
+                                              ("num_attention_heads", "0", 1), ("tensor_model_parallel_size", "-2", 1),
+                                              ("num_experts", "-1", 0)])
+def test_a_size_that_is_not_a_whole_number_in_range_is_a_one_line_error(name, value, low):
+    # Found by fuzzing the log reader: NaN and inf raised ValueError / OverflowError, 0 heads ZeroDivisionError.
+    with pytest.raises(InputError, match=rf"^x\.log: field '{name}' = '{value}': expected an integer >= {low}$"):
+        parse_megatron_log(edit(log_text(), name, value), "x.log", gpu="H100")
+
+
+def test_iteration_fields_that_are_not_numbers_are_no_iteration_lines():
+    # "elapsed time per iteration (ms): ." raised ValueError; a NeMo global_step of 1e400 OverflowError.
+    dots = log_text().replace("elapsed time per iteration (ms): ", "elapsed time per iteration (ms): .")
+    run = parse_megatron_log(dots, "x.log", gpu="H100")   # ".8377.0" reads as 0.8377 ms: a number
+    assert run.measurement.step_time_s < 0.01
+    lone = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", "elapsed time per iteration (ms): .", log_text())
+    with pytest.raises(InputError, match=r"no iteration lines"):
+        parse_megatron_log(lone, "x.log", gpu="H100")
+    assert parse_iterations("global_step=1e400 train_step_timing in s=2.5\nglobal_step=3 train_step_timing in s=2.5") \
+        == [(4, 2500.0, None, None)]
 
 
 def test_device_names_in_a_log_resolve_to_shipped_profiles():
@@ -525,3 +547,28 @@ def test_choose_one_run_support_prints_a_dash_for_a_figure_without_pairs():
         _sys.path.remove(str(scripts))
     assert mod._cell({"count": 0, "mape": None, "median_ape": None}) == "- (0)"
     assert mod._cell({"count": 12, "mape": 7.754, "median_ape": 4.5}) == "  7.75 /  4.50 (12)"
+
+
+def test_one_run_cv_scores_repeats_of_the_anchor_and_their_drift_floor():
+    """A group whose later rows repeat the anchor's configuration, published 10% slower by another release:
+    same_config holds exactly those pairs, and its floor (the anchor's own step time as their prediction) is
+    the 9.09% drift (1 - 1/1.1), which no one-run calibration removes; the pooled figure keeps the floor."""
+    from costmodel.crossval import pool_one_run
+
+    cases, _ = load_cases(CSV)
+    a = next(c for c in cases if c.source_id.startswith("DGXC") and c.model.name == "Llama3.1-70B")
+    t = predict_case(a)["predicted_step_time_s"]
+    other = next(c for c in cases if c.source_id == a.source_id and c.model.name == a.model.name and c.plan != a.plan)
+    rows = [dataclasses.replace(a, published_step_time_s=t),
+            dataclasses.replace(a, row=10_001, release="later", published_step_time_s=t * 1.1),
+            dataclasses.replace(a, row=10_002, release="later", published_step_time_s=t * 1.1),
+            dataclasses.replace(other, published_step_time_s=predict_case(other)["predicted_step_time_s"])]
+    r = one_run_calibration_cv(rows)
+    assert r["same_model"]["count"] == 3 and r["same_config"]["count"] == 2
+    assert r["same_config"]["floor"]["mape"] == pytest.approx(100 / 11, abs=0.01)
+    # Calibrated on the anchor (met exactly), the repeats are off by the same drift.
+    assert r["same_config"]["mape"] == pytest.approx(100 / 11, abs=0.2)
+    pooled = pool_one_run([r, r])
+    assert pooled["same_config"]["count"] == 4 and pooled["same_config"]["floor"]["mape"] == pytest.approx(100 / 11,
+                                                                                                            abs=0.01)
+    assert "groups" not in pooled["same_config"] and pooled["same_model"]["count"] == 6

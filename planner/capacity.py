@@ -348,7 +348,13 @@ def plan_point(sc: Scenario, a: Assumptions) -> CapacityPoint:
     point.train_time_s = a.tokens / (point.tokens_per_s_per_gpu * cl.num_gpus)
     point.goodput = estimate_goodput(checkpoint_bytes(model, a.checkpoint), cl.storage_bandwidth_bytes_per_s,
                                      cl.num_gpus, cl.nodes, a.failures, a.checkpoint)
-    point.wall_time_s = point.train_time_s / point.goodput.goodput
+    g = point.goodput
+    if not g.goodput > 0:   # restarts outlast the time between failures: no checkpoint interval makes progress
+        point.plan = None
+        point.reason = (f"failures leave no progress: {g.failure_rate_per_s * 3600:.3g} per hour on {cl.num_gpus} "
+                        f"GPUs, each costing {g.restart_s / 3600:.3g} h of restart and checkpoint load (goodput 0)")
+        return point
+    point.wall_time_s = point.train_time_s / g.goodput
     point.price_per_gpu_hour_usd = (a.price_per_gpu_hour_usd if a.price_per_gpu_hour_usd is not None
                                     else cl.price_per_gpu_hour_usd)
     return point

@@ -334,3 +334,13 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_costed_as_bf16():
                                                                    global_batch=512, recompute="selective")]))
             for p in ("bf16", "fp8")}
     assert h100["fp8"]["step_time_s"][0] < 0.85 * h100["bf16"]["step_time_s"][0]
+
+
+def test_restarts_that_outlast_the_time_between_failures_are_no_progress_not_a_crash(capsys):
+    # A restart of 1e20 s per failure made goodput 0 and plan_point divided by it (ZeroDivisionError).
+    rc, out, err = run_cli(capsys, ["capacity", "--model", "8b", "--cluster", "h100x512", "--restart", "1e20",
+                                    "--json"])
+    assert "Traceback" not in err
+    point = json.loads(out)["points"][0]
+    assert not point["fits"] and point["reason"].startswith("failures leave no progress: ")
+    assert "goodput 0" in point["reason"]

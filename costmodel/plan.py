@@ -298,6 +298,27 @@ def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: b
 _LAYOUT_CHARS = set("ELtm")
 
 
+LAYOUT_MAX_CHARS = 1_000_000
+"""Longest layout string read once unrolled: a million layer characters is far beyond any model, and a
+repeat count such as ``t*99999999999999999999`` would otherwise be built in memory."""
+
+
+def unroll_layout(text: str) -> str:
+    """``(...)*n`` then ``x*n`` unrolled, as megatron-core's ``parse_str_to_list`` does; a ValueError when that
+    would exceed LAYOUT_MAX_CHARS characters."""
+    grown = [len(text)]
+
+    def repeat(part: str, times: str) -> str:
+        n = int(times) if len(times) < 10 else LAYOUT_MAX_CHARS + 1
+        grown[0] += len(part) * (n - 1)
+        if grown[0] > LAYOUT_MAX_CHARS:
+            raise ValueError(f"layout repeats {part!r} {times} times: more than {LAYOUT_MAX_CHARS:,} layers")
+        return part * n
+
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: repeat(x.group(1), x.group(2)), text)
+    return re.sub(r"(.)\*(\d+)", lambda x: repeat(x.group(1), x.group(2)), text)
+
+
 def parse_megatron_layout(s: str, pp: int, vpp: int = 1) -> tuple[int, ...]:
     """Transformer layers per pipeline rank of a ``--pipeline-model-parallel-layout`` string.
 
@@ -307,9 +328,7 @@ def parse_megatron_layout(s: str, pp: int, vpp: int = 1) -> tuple[int, ...]:
     each exactly once. Rank r holds virtual stages r, r+pp, ..., r+(vpp-1)*pp; its chunks may hold
     different numbers of layers (only their total is returned). ``m`` (MTP) layers are not counted.
     """
-    text = s.strip().replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), text)
+    text = unroll_layout(s.strip().replace(",", ""))
     stages = text.split("|")
     bad = sorted({ch for ch in text if ch not in _LAYOUT_CHARS | {"|"}})
     if bad:

@@ -30,7 +30,7 @@ from typing import Any
 from costmodel.files import Writer, write_files_atomic
 from costmodel.profiles import InputError
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
-from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout
+from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout, unroll_layout
 
 __all__ = [
     "OUTPUT_FILES",
@@ -66,10 +66,10 @@ _FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 # one-line errors a user-given layout gets and the MTP placement the cost model supports.
 def _unroll_layout(layout: str) -> list[str]:
     """The virtual stages of a layout, unrolled (to name in errors what is wrong with it)."""
-    s = layout.replace(",", "").replace(" ", "")
-    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
-    return s.split("|")
+    try:
+        return unroll_layout(layout.replace(",", "").replace(" ", "")).split("|")
+    except ValueError as exc:
+        raise InputError(f"pipeline layout {layout!r}: {exc}") from None
 
 
 def parse_layout(layout: str, pp: int) -> tuple[int, tuple[int, ...]]:

@@ -378,6 +378,9 @@ def test_check_interleaved_layout_sets_vpp(capsys):
     (["--pipeline-layout", "Et*7|(t*8|)*14,t*7L", "--vpp", "2"], "drop --vpp"),
     (["--pipeline-layout", "Et*7|(t*8|)*14,t*7mL"], "MTP layers"),
     (["--pipeline-layout", "Et*7|(t*8|)*14,t*7X"], "unknown layer characters"),
+    # A repeat count beyond any model was unrolled in memory (OverflowError, or gigabytes for t*1000000000).
+    (["--pipeline-layout", "Et*99999999999999999999L"], "repeats 't' 99999999999999999999 times: more than 1,000,000"),
+    (["--pipeline-layout", "E(t|)*600000(t|)*600000L"], "more than 1,000,000 layers"),
 ])
 def test_check_bad_split_is_one_line_exit_2(capsys, extra, message):
     from planner.cli import main

@@ -5,6 +5,7 @@ one-run calibration scored inside each held-out source.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -175,12 +176,6 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
             fitted[key] = prof.model_copy(update={"calibration": cal})
         return fitted[key]
 
-    def grouped(key) -> dict[tuple, list]:
-        groups: dict[tuple, list] = {}
-        for c in cases:
-            groups.setdefault(key(c), []).append(c)
-        return groups
-
     def score(pairs: list[tuple]) -> tuple[list[float], list[float]]:
         """(anchor, target) pairs -> errors after and before calibration; an anchor is a row, or a tuple of the
         rows one calibration takes together."""
@@ -201,14 +196,11 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         return {**_stats(all_after), "before": _stats(all_before), "groups": out,
                 "ape": [round(x, 3) for x in all_after], "ape_before": [round(x, 3) for x in all_before]}
 
-    def same(groups: dict, by_release: bool):
-        """Each group's first row calibrates, its other rows are scored."""
-        for rows in groups.values():
-            if len(rows) >= 2:
-                a = rows[0]
-                yield [(a, t) for t in rows[1:]], {
-                    "source_id": a.source_id, **({"release": a.release} if by_release else {}),
-                    "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row}
+    def residuals(pairs_of_groups) -> list[dict]:
+        """Each target's row and log(published / calibrated prediction): what scripts/fit_intervals.py sizes
+        the interval of a calibrated prediction by."""
+        return [{"row": t.row, "log_residual": round(math.log(t.published_step_time_s / pred(t, calibrated((a,)))), 5)}
+                for pairs, _ in pairs_of_groups for a, t in pairs]
 
     def same_config(groups: dict) -> dict:
         """same_model's pairs whose target repeats the anchor's configuration, with the anchor's published
@@ -219,40 +211,62 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         floor = [abs_percent_error(a.published_step_time_s, t.published_step_time_s) for a, t in pairs]
         return {**out, "floor": {**_stats(floor), "ape": [round(x, 3) for x in floor]}}
 
-    def one_file(groups: dict):
-        """Per (source, GPU): one calibration on the first row of every (source, GPU, model) group of two or
-        more rows, the groups' other rows scored."""
-        by_gpu: dict[tuple, list] = {}
-        for rows in groups.values():
-            if len(rows) >= 2:
-                by_gpu.setdefault((rows[0].source_id, rows[0].gpu_type), []).append(rows)
-        for (source, gpu), gs in by_gpu.items():
-            anchors = tuple(rows[0] for rows in gs)
-            yield [(anchors, t) for rows in gs for t in rows[1:]], {
-                "source_id": source, "gpu_type": gpu, "models": len(gs), "anchor_rows": [a.row for a in anchors]}
-
-    def others(groups: dict, by_release: bool):
-        """In each group with two or more models, each model's first row calibrates, the other models' rows
-        are scored."""
-        for key, rows in groups.items():
-            firsts = {}
-            for c in rows:
-                firsts.setdefault(c.model.name, c)
-            if len(firsts) >= 2:
-                yield [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name], {
-                    "source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
-                    "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()]}
-
-    by_model = grouped(lambda c: (c.source_id, c.gpu_type, c.model.name))
+    by_model = _grouped(cases, lambda c: (c.source_id, c.gpu_type, c.model.name))
+    by_release = _grouped(cases, lambda c: (c.source_id, c.release, c.gpu_type, c.model.name))
+    stacks, release_stacks = (_grouped(cases, lambda c: (c.source_id, c.gpu_type)),
+                              _grouped(cases, lambda c: (c.source_id, c.release, c.gpu_type)))
     return {"scheme": SCHEME,
-            "same_model": figure(same(by_model, False)),
-            "same_model_one_file": figure(one_file(by_model)),
+            "same_model": {**figure(_same_pairs(by_model, False)),
+                           "residuals": residuals(_same_pairs(by_model, False))},
+            "same_model_one_file": figure(_one_file_pairs(by_model)),
             "same_config": same_config(by_model),
-            "same_release": figure(same(grouped(lambda c: (c.source_id, c.release, c.gpu_type, c.model.name)),
-                                        True)),
-            "other_models": figure(others(grouped(lambda c: (c.source_id, c.gpu_type)), False)),
-            "other_models_same_release": figure(others(grouped(lambda c: (c.source_id, c.release, c.gpu_type)),
-                                                       True))}
+            "same_release": figure(_same_pairs(by_release, True)),
+            "other_models": figure(_other_model_pairs(stacks, False)),
+            "other_models_same_release": figure(_other_model_pairs(release_stacks, True))}
+
+
+def _grouped(cases: list, key) -> dict[tuple, list]:
+    """The cases by ``key``, in their order."""
+    groups: dict[tuple, list] = {}
+    for c in cases:
+        groups.setdefault(key(c), []).append(c)
+    return groups
+
+
+def _same_pairs(groups: dict, by_release: bool):
+    """Each group's first row calibrates, its other rows are scored."""
+    for rows in groups.values():
+        if len(rows) >= 2:
+            a = rows[0]
+            yield [(a, t) for t in rows[1:]], {
+                "source_id": a.source_id, **({"release": a.release} if by_release else {}),
+                "gpu_type": a.gpu_type, "model": a.model.name, "anchor_row": a.row}
+
+
+def _one_file_pairs(groups: dict):
+    """Per (source, GPU): one calibration on the first row of every (source, GPU, model) group of two or
+    more rows, the groups' other rows scored."""
+    by_gpu: dict[tuple, list] = {}
+    for rows in groups.values():
+        if len(rows) >= 2:
+            by_gpu.setdefault((rows[0].source_id, rows[0].gpu_type), []).append(rows)
+    for (source, gpu), gs in by_gpu.items():
+        anchors = tuple(rows[0] for rows in gs)
+        yield [(anchors, t) for rows in gs for t in rows[1:]], {
+            "source_id": source, "gpu_type": gpu, "models": len(gs), "anchor_rows": [a.row for a in anchors]}
+
+
+def _other_model_pairs(groups: dict, by_release: bool):
+    """In each group with two or more models, each model's first row calibrates, the other models' rows
+    are scored."""
+    for key, rows in groups.items():
+        firsts = {}
+        for c in rows:
+            firsts.setdefault(c.model.name, c)
+        if len(firsts) >= 2:
+            yield [(a, t) for name, a in firsts.items() for t in rows if t.model.name != name], {
+                "source_id": key[0], **({"release": key[1]} if by_release else {}), "gpu_type": key[-1],
+                "models": len(firsts), "anchor_rows": [a.row for a in firsts.values()]}
 
 
 def _same_config(a: Case, b: Case) -> bool:
@@ -267,7 +281,7 @@ SCHEME = "one factor, the one the run moves most for how few fitted runs pin it 
 
 def pool_one_run(results: list[dict]) -> dict:
     """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
-    groups listed together, raw errors dropped."""
+    groups listed together, raw errors dropped (the same-model log residuals kept)."""
     out: dict = {"scheme": SCHEME}
     for key in ONE_RUN_FIGURES:
         after = [x for r in results for x in r[key]["ape"]]
@@ -275,6 +289,8 @@ def pool_one_run(results: list[dict]) -> dict:
         out[key] = {**_stats(after), "before": _stats(before),
                     **({"groups": [g for r in results for g in r[key]["groups"]]} if "groups" in results[0][key]
                        else {})}
+        if "residuals" in results[0][key]:
+            out[key]["residuals"] = [x for r in results for x in r[key]["residuals"]]
         if "floor" in results[0][key]:
             out[key]["floor"] = _stats([x for r in results for x in r[key]["floor"]["ape"]])
     return out

@@ -255,6 +255,11 @@ class HardwareProfile(FrozenSpec):
             upd[name] = (before ** (1.0 - w) * now ** w) if before > 0 and now > 0 else before + w * (now - before)
         return self.model_copy(update={"calibration": cal.model_copy(update=upd)})
 
+    def measured_on(self, model) -> bool:
+        """Whether ``plan calibrate`` fitted this profile to runs of ``model``'s architecture (its predictions
+        then get the narrower interval of a calibrated model, costmodel/trust.py CALIBRATED_KEY)."""
+        return model.architecture_key() in self.calibration.measured_models
+
     def calibration_scope(self, model) -> str | None:
         """One line on how a ``plan calibrate`` update applies to ``model`` (a ModelSpec); None for a profile
         no plan calibrate fitted."""

@@ -43,6 +43,10 @@ LEVELS = (0.1, 0.5, 0.9)
 SCALE_BANDS = ((64, "le64"), (1024, "65-1024"), (math.inf, "gt1024"))
 SCALE_SPAN = 4.0
 """Support: a validated run counts when its GPU count is within this factor of the plan's."""
+CALIBRATED_KEY = "calibrated_width_factor"
+"""Key of intervals.json: the factor on a prediction's interval widths when a plan calibrate profile was
+measured on the model (HardwareProfile.measured_on), chosen by scripts/fit_intervals.py so that the one-run
+calibrated same-model predictions of the held-out sources are covered 80% of the time; 1 where absent."""
 THIN_SUPPORT = 3
 """Fewer validated runs near a plan than this: thin support (the wider interval)."""
 FSDP_MIN_STAGE = 2
@@ -177,10 +181,12 @@ def width_factors(fit: dict) -> tuple[float, float]:
     return k, max(k, fit["thin_width_factor"])
 
 
-def row_bounds(fit: dict, paths: list[tuple[str, ...]], support: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """P10 and P90 log bounds of each row under ``fit``."""
+def row_bounds(fit: dict, paths: list[tuple[str, ...]], support: np.ndarray,
+               scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """P10 and P90 log bounds of each row under ``fit``, the widths times ``scale`` (a calibrated profile's
+    CALIBRATED_KEY)."""
     lo, hi = [], []
-    k_ok, k_thin = width_factors(fit)
+    k_ok, k_thin = (scale * k for k in width_factors(fit))
     for p, s in zip(paths, support):
         q = lookup(fit["classes"], p)[1]
         a, b = widened(q, k_thin if s < fit["thin_support"] else k_ok)
@@ -333,13 +339,17 @@ def interval_class(model: ModelSpec, cluster: ClusterSpec, data: dict | None = N
 
 
 def step_intervals(model: ModelSpec, cluster: ClusterSpec, plans, step_time_s: np.ndarray,
-                   framework: str = "megatron-core") -> dict:
-    """P10 / P90 step time and support of each plan (PlanArrays) given its predicted (P50) step time."""
+                   framework: str = "megatron-core", profile=None) -> dict:
+    """P10 / P90 step time and support of each plan (PlanArrays) given its predicted (P50) step time. The
+    profile that predicted it (default: the cluster's GPU, which is a --profile file's path where one is given):
+    one that ``plan calibrate`` measured on this model narrows the interval by CALIBRATED_KEY."""
     data = intervals_data()
     _, q = interval_class(model, cluster, data)
     support = support_counts(model, cluster, plans, framework=framework)
     thin = support < data["thin_support"]
-    k_ok, k_thin = width_factors(data)
+    prof = profile or load_profile(cluster.gpu)
+    scale = data.get(CALIBRATED_KEY, 1.0) if prof.measured_on(model) else 1.0
+    k_ok, k_thin = (scale * k for k in width_factors(data))
     lo0, hi0 = widened(q, k_ok)
     lo1, hi1 = widened(q, k_thin)
     t = np.asarray(step_time_s, dtype=float)
@@ -374,6 +384,8 @@ def plan_trust(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_
     one = PlanArrays.from_plans([plan])
     iv = step_intervals(model, cluster, one, np.array([step_time_s]), plan.framework)
     cls, _ = interval_class(model, cluster)
+    if load_profile(cluster.gpu).measured_on(model):
+        cls += f", narrowed x{intervals_data().get(CALIBRATED_KEY, 1.0):g}: the profile was calibrated on this model"
     n = int(iv["support_runs"][0])
     return {"predicted_p10_step_time_s": float(iv["step_time_p10_s"][0]),
             "predicted_p50_step_time_s": float(step_time_s),

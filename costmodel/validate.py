@@ -798,7 +798,7 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                          "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
-        pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"]))
+        pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"], prof))
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                      "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": published,
                      "error": None if ok else "non-finite prediction",
@@ -811,15 +811,17 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
     return {"rows": rows, "summary": summarize(rows)}
 
 
-def interval_fields(case: Case, plan: ParallelPlan, step_time_s: float) -> dict:
-    """P10 / P90 of a predicted row (costmodel/trust.py) and the validated runs near it."""
+def interval_fields(case: Case, plan: ParallelPlan, step_time_s: float,
+                    profile: HardwareProfile | None = None) -> dict:
+    """P10 / P90 of a predicted row (costmodel/trust.py) and the validated runs near it; ``profile``: the one
+    that predicted it, when not the shipped profile of the row's GPU (plan validate --profile)."""
     from costmodel.trust import INTERVALS_FILE, RUNS_FILE, step_intervals
 
     # Without the shipped files (while scripts/fit_intervals.py bootstraps them) there is no interval.
     if not math.isfinite(step_time_s) or not (INTERVALS_FILE.exists() and RUNS_FILE.exists()):
         return {"predicted_p10_step_time_s": None, "predicted_p90_step_time_s": None, "support_runs": None}
     iv = step_intervals(case.model, case.cluster, PlanArrays.from_plans([plan]), np.array([step_time_s]),
-                        plan.framework)
+                        plan.framework, profile)
     return {"predicted_p10_step_time_s": float(iv["step_time_p10_s"][0]),
             "predicted_p90_step_time_s": float(iv["step_time_p90_s"][0]), "support_runs": int(iv["support_runs"][0])}
 

@@ -5,7 +5,8 @@
 
 Writes hardware_profiles/trust/validated_runs.json (one descriptor per scored row of the CSV: GPU,
 generation, dense/MoE, GPU count, degrees, sharding) and hardware_profiles/trust/intervals.json (class
-quantiles of the held-out log residuals, the blending strength and the thin-support width factor), and
+quantiles of the held-out log residuals, the blending strength, the thin-support width factor and the width
+factor of a profile calibrated on the model, from the one-run calibration residuals), and
 prints the coverage: in-sample (intervals from all held-out residuals) and nested (each fold's intervals
 fitted without it), by class. ``--scheme`` picks the cross-validation scheme when the JSON holds several
 (``cross_validation[KEY]`` or ``cross_validation["schemes"][KEY]``: source, release, gpu); by default
@@ -31,6 +32,7 @@ from costmodel.validate import load_cases, run_descriptors  # noqa: E402
 PRIOR_GRID = (0.0, 5.0, 10.0, 20.0, 40.0, 80.0)
 WIDTH_GRID = (1.0, 1.25, 1.5, 2.0)
 THIN_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0)
+CALIBRATED_GRID = tuple(round(0.3 + 0.05 * i, 2) for i in range(15))   # 0.3 ... 1.0
 NOMINAL = 0.8   # the share of step times a P10-P90 interval is meant to hold
 
 
@@ -81,7 +83,8 @@ def main() -> None:
 
     cases, _ = load_cases(args.csv)
     runs = run_descriptors(cases)
-    scheme, rows = cv_rows(json.loads(Path(args.cv_json).read_text()), args.scheme)
+    data = json.loads(Path(args.cv_json).read_text())
+    scheme, rows = cv_rows(data, args.scheme)
     cv = trust.cv_inputs(runs, rows)
     rows, res, paths, support, folds = cv["rows"], cv["residuals"], cv["paths"], cv["support"], cv["folds"]
 
@@ -115,6 +118,20 @@ def main() -> None:
     lo_out, hi_out = trust.held_out_bounds(res, paths, support, folds, prior, width, thin_k)
     lo_now, hi_now = trust.row_bounds(fit, paths, support_now)
 
+    # A profile plan calibrate measured on the model: the smallest factor on the widths with which the one-run
+    # calibrated same-model predictions of each held-out source (plan validate --cross-validate) fall inside
+    # their row's interval, as shipped, about the calibrated prediction 80% of the time.
+    one = data["cross_validation"].get("one_run_calibration", {}).get("same_model", {}).get("residuals", [])
+    at = {r["row"]: i for i, r in enumerate(rows)}
+    one = [(at[x["row"]], x["log_residual"]) for x in one if x["row"] in at]
+    calibrated = {}
+    if one:
+        idx, r1 = np.array([i for i, _ in one]), np.array([x for _, x in one])
+        for k in CALIBRATED_GRID:
+            lo, hi = trust.row_bounds(fit, [paths[i] for i in idx], support_now[idx], scale=k)
+            calibrated[k] = trust.coverage(r1, lo, hi)
+        fit[trust.CALIBRATED_KEY] = next((k for k in CALIBRATED_GRID if calibrated[k]["fraction"] >= NOMINAL), 1.0)
+
     med = np.array([trust.lookup(fit["classes"], p)[1][1] for p in paths])
     pub = np.array([r["published_step_time_s"] for r in rows])
     pred = np.array([r["predicted_step_time_s"] for r in rows])
@@ -142,6 +159,7 @@ def main() -> None:
         "by_width_factor": {str(k): v for k, v in widths.items()},
         "by_thin_factor": {str(k): v for k, v in thins.items()},
         "by_class": by_class,
+        "calibrated_same_model_by_factor": {str(k): v for k, v in calibrated.items()},
     }
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +186,12 @@ def main() -> None:
               f"({c['below_p10']} below, {c['above_p90']} above)")
     print(f"thin support (< {trust.THIN_SUPPORT} runs): {int(thin.sum())} rows in their training fold, "
           f"{report['thin_support_rows_shipped']} against the shipped table; their factor {fit['thin_width_factor']}")
+    if calibrated:
+        print(f"calibrated width factor {fit[trust.CALIBRATED_KEY]:g} ({len(one)} one-run calibrated same-model "
+              f"predictions of held-out sources: " + "; ".join(
+                  f"{k:g}: {100 * v['fraction']:.1f}%" for k, v in calibrated.items()) + ")")
+    else:
+        print("no one-run calibration residuals in the JSON: calibrated predictions keep the full width")
     print(f"P50 MAPE: point estimate {mape_point:.1f}%, shifted by the class median {mape_shift:.1f}%")
     print(f"{'class':28s} {'rows':>5s}  {'quantiles from':22s} {'P10':>6s} {'P50':>6s} {'P90':>6s}  as shipped  held-out")
     for c, v in by_class.items():

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -443,6 +444,21 @@ def test_calibrate_on_one_csv_row_then_validate_with_the_profile(tmp_path, capsy
     assert err(anchor) < 0.01 and err(anchor) < err(anchor0)   # the run calibrated on is met
     assert anchor["predicted_step_time_s"] == pytest.approx(rep["runs"][0]["after_s"], rel=1e-6)
     assert a["profile"] == {"H100": str(cal)}
+    # The calibrated model's rows get the interval of a calibrated prediction: the shipped widths times
+    # intervals.json's calibrated_width_factor (0.7); other models' rows keep theirs.
+    from costmodel.trust import CALIBRATED_KEY, intervals_data
+
+    width = lambda r: math.log(r["predicted_p90_step_time_s"] / r["predicted_p10_step_time_s"])  # noqa: E731
+    cases = {c.row: c for c in load_cases(CSV)[0]}
+    key = cases[row].model.architecture_key()
+    measured = {r["row"] for r in a["rows"]
+                if r["gpu_type"] == "H100" and cases[r["row"]].model.architecture_key() == key}
+    assert 2 <= len(measured) < sum(r["gpu_type"] == "H100" for r in a["rows"])
+    for r0, r1 in zip(b["rows"], a["rows"]):
+        if r1["predicted_p10_step_time_s"] is None:
+            continue
+        k = intervals_data()[CALIBRATED_KEY] if r1["row"] in measured else 1.0
+        assert width(r1) == pytest.approx(k * width(r0), rel=1e-9), r1["row"]
 
 
 def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):

@@ -232,3 +232,35 @@ def test_cli_rank_by_p90_ranks_by_p90_and_widens_thin_plans(capsys):
     ok = by90["plans"][0]
     assert (thin["predicted_p90_step_time_s"] / thin["step_time_s"]
             > ok["predicted_p90_step_time_s"] / ok["step_time_s"] * 1.03)
+
+def test_a_profile_calibrated_on_the_model_narrows_its_interval_by_the_fitted_factor(tmp_path):
+    """plan calibrate measured the 8B: its predictions' P10-P90 shrink about P50 by intervals.json's
+    calibrated_width_factor (fitted by scripts/fit_intervals.py to one-run calibrated held-out predictions,
+    below 1), through the profile passed or a --profile path in the cluster's gpu field; the 70B, not measured,
+    keeps the shipped width."""
+    import yaml
+
+    from costmodel.profiles import load_profile
+
+    factor = trust.intervals_data()[trust.CALIBRATED_KEY]
+    assert 0.3 <= factor < 1.0
+    shipped = load_profile("H100")
+    small, big = get_model("8b"), get_model("70b")
+    cal = shipped.model_copy(update={"calibration": shipped.calibration.model_copy(
+        update={"measured_models": (small.architecture_key(),), "other_models_weight": 0.2})})
+    path = tmp_path / "h100_cal.yaml"
+    path.write_text(yaml.safe_dump(json.loads(cal.model_dump_json())))
+    cluster = load_cluster("h100x512")
+    plans = PlanArrays.from_plans([ParallelPlan(tp=2, dp=256, global_batch=512)])
+
+    def log_width(model, **kw):
+        iv = trust.step_intervals(model, kw.pop("cluster", cluster), plans, np.array([10.0]), **kw)
+        return math.log(iv["step_time_p90_s"][0] / iv["step_time_p10_s"][0])
+
+    assert log_width(small, profile=cal) == pytest.approx(factor * log_width(small), rel=1e-9)
+    assert log_width(small, cluster=cluster.model_copy(update={"gpu": str(path)})) == \
+        pytest.approx(factor * log_width(small), rel=1e-9)
+    assert log_width(big, profile=cal) == pytest.approx(log_width(big), rel=1e-12)
+    trusted = trust.plan_trust(small, cluster.model_copy(update={"gpu": str(path)}),
+                               ParallelPlan(tp=2, dp=256, global_batch=512), 10.0)
+    assert f"narrowed x{factor:g}: the profile was calibrated on this model" in trusted["interval_class"]

@@ -687,9 +687,12 @@ def cmd_capacity(argv: list[str]) -> int:
     many = len(clusters) > 1
     bases = [Scenario(model, cl, args.global_batch, comp, (("cluster", cl.name),) if many else (), src)
              for cl, src in zip(clusters, args.cluster)]
-    deadline = parse_duration(args.deadline) if args.deadline else None
-    budget = parse_money(args.budget) if args.budget else None
-    gpus = parse_vary(f"gpus={args.gpus}")[1] if args.gpus else None
+    # An empty value ('--budget ""', a script's unset variable) is an error, not an option left out.
+    deadline = parse_duration(args.deadline) if args.deadline is not None else None
+    budget = parse_money(args.budget) if args.budget is not None else None
+    if args.gpus is not None and not args.gpus.strip():
+        raise InputError("--gpus '': expected GPU counts such as 256,512,1024")
+    gpus = parse_vary(f"gpus={args.gpus}")[1] if args.gpus is not None else None
     searching = bool(deadline or budget or args.min_gpus or args.max_gpus)
     points = _sweep_with_progress(scenarios_with_profile(capacity_scenarios(bases, gpus, args.min_gpus, args.max_gpus,
                                                                             searching), args.profile_file),

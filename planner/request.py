@@ -441,7 +441,8 @@ class CapacityRequest:
         fm = fm.model_copy(update=upd).scaled(self.failure_scale)
         ckpt = CheckpointPolicy(asynchronous=self.async_checkpoint,
                                 interval_s=parse_duration(self.checkpoint_interval, "--checkpoint-interval")
-                                if self.checkpoint_interval else None)
-        tokens = parse_tokens(self.tokens) if self.tokens else default_tokens(model)
-        price = parse_money(self.price_per_gpu_hour, "--price-per-gpu-hour") if self.price_per_gpu_hour else None
+                                if self.checkpoint_interval is not None else None)
+        tokens = parse_tokens(self.tokens) if self.tokens is not None else default_tokens(model)
+        price = (parse_money(self.price_per_gpu_hour, "--price-per-gpu-hour") if self.price_per_gpu_hour is not None
+                 else None)
         return model, get_compression(self.compression), Assumptions(tokens, fm, ckpt, price)

@@ -344,3 +344,11 @@ def test_restarts_that_outlast_the_time_between_failures_are_no_progress_not_a_c
     point = json.loads(out)["points"][0]
     assert not point["fits"] and point["reason"].startswith("failures leave no progress: ")
     assert "goodput 0" in point["reason"]
+
+
+@pytest.mark.parametrize("option", ["--budget", "--deadline", "--gpus", "--tokens", "--checkpoint-interval",
+                                    "--price-per-gpu-hour"])
+def test_an_empty_value_is_an_error_not_an_option_left_out(capsys, option):
+    # '--budget ""' (a script's unset variable) planned as if no budget had been asked for.
+    rc, _, err = run_cli(capsys, ["capacity", "--model", "8b", "--cluster", "h100x512", option, ""])
+    assert_one_line_error(rc, err, f"{option} ''", "expected")

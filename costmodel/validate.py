@@ -500,14 +500,15 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
     other degrees and ``dp`` are given (num_gpus / (the others x cp x dp), when that is a whole number), else 1
     (not published: a stack that names no tensor or pipeline parallelism ran none). A row whose given degrees
     cannot fill its GPUs that way keeps the blank, and _check_numbers names it."""
-    blank = [c for c in ("tp", "pp") if _num(row.get(c, "")) is None]
+    blank = [c for c in ("tp", "pp") if (row.get(c) or "").strip().lower() in ("", *_ABSENT)]
     given = {}
     for c in ("num_gpus", "tp", "pp", "cp", "dp"):
-        x = _num(row.get(c, ""))
-        if x is None:
+        raw = (row.get(c) or "").strip()
+        x = _num(raw)
+        if x is None and raw.lower() in ("", *_ABSENT):
             continue
-        if not math.isfinite(x) or x != int(x) or x < 0:   # inf, NaN, a fraction: _check_numbers names it
-            return row
+        if x is None or not math.isfinite(x) or x != int(x) or x < 0:   # text, inf, NaN, a fraction:
+            return row                                                     # _check_numbers names it
         given[c] = int(x)
     gpus = given.get("num_gpus", 0)
     if not blank or gpus < 1 or any(given[c] < 1 for c in ("tp", "pp") if c not in blank):

@@ -117,17 +117,16 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
             raise InputError(f"{spec}: file not found")
         if p.suffix.lower() == ".csv":
             cases, errors = load_cases(p, unpublished=True)
-            for e in errors:   # a bad row of this GPU type is an error; rows of other (or unknown) GPUs are not used
-                try:
-                    mine_row = same_gpu(load_profile(str(e.get("gpu_type") or "")), profile)
-                except InputError:
-                    mine_row = False
-                if mine_row:
-                    raise InputError(e["error"])
+            # A row of this GPU type that cannot be read is left out and named (as plan validate reports it);
+            # rows of other (or unknown) GPUs are not used.
+            unread = [e for e in errors if _on_profile_gpu(e.get("gpu_type"), profile)]
             on_gpu = [c for c in cases if same_gpu(load_profile(c.cluster.gpu), profile)]
             # A row that publishes no step time (a TFLOP/s or MFU figure only) measures nothing to fit to.
             mine = [c for c in on_gpu if math.isfinite(c.published_step_time_s)]
             mine_timeless = [c.row for c in on_gpu if not math.isfinite(c.published_step_time_s)]
+            if not mine and unread:
+                raise InputError(unread[0]["error"] + (f" (and {len(unread) - 1} more row(s) on {profile.name})"
+                                                       if len(unread) > 1 else ""))
             if not mine:
                 if mine_timeless:
                     raise InputError(f"{spec}: field 'step_time_s': no row on {profile.name} gives a step time "
@@ -138,8 +137,9 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                                  f"GPU types there: {', '.join(types)}")
             out += measurements_for(mine, {c.cluster.gpu: profile for c in mine})
             notes.append({"path": spec, "kind": "published-runs CSV", "runs": len(mine), "rows": [c.row for c in mine],
-                          "other_gpu_rows": len(cases) + len(errors) - len(on_gpu),
-                          "rows_without_step_time": mine_timeless})
+                          "other_gpu_rows": len(cases) + len(errors) - len(on_gpu) - len(unread),
+                          "rows_without_step_time": mine_timeless,
+                          "rows_not_read": [{"row": e["row"], "error": e["error"]} for e in unread]})
             continue
         try:
             text = p.read_text(errors="replace")
@@ -156,6 +156,14 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                       "iterations_skipped": run.skipped, "step_time_s": run.measurement.step_time_s,
                       "logged_tflops_per_gpu": run.tflops_per_gpu})
     return out, notes
+
+
+def _on_profile_gpu(gpu_type: str | None, profile: HardwareProfile) -> bool:
+    """Whether a CSV row's gpu_type names ``profile``'s GPU (False for a type no profile has)."""
+    try:
+        return same_gpu(load_profile(str(gpu_type or "")), profile)
+    except InputError:
+        return False
 
 
 def calibrate(measurements: list[Measurement], profile: HardwareProfile, *, factors: list[str] | None = None,

@@ -44,6 +44,8 @@ def calibration_table(report: dict, console) -> None:
         if note.get("rows_without_step_time"):
             console.print(f"{note['path']}: row(s) {', '.join(map(str, note['rows_without_step_time']))} give no "
                           f"step time (a TFLOP/s or MFU figure only) and were left out")
+        for bad in note.get("rows_not_read", []):
+            console.print(f"left out (cannot be read): {bad['error']}")
         if note.get("kind") == "Megatron log":
             console.print(f"{note['path']}: median of {note['iterations_used']} logged iteration(s), warm-up "
                           f"iteration(s) {note['iterations_skipped'] or 'none'} skipped")

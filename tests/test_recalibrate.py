@@ -516,6 +516,29 @@ def test_calibrate_leaves_out_rows_that_publish_no_step_time(tmp_path, capsys):
     assert not (tmp_path / "none.yaml").exists()
 
 
+def test_calibrate_leaves_out_rows_of_its_gpu_that_cannot_be_read(tmp_path, capsys):
+    """One unreadable row of the profile's GPU used to fail the whole file (the blind harness's RUNS.csv then
+    left no calibrated profile at all): it is left out and named, the other rows calibrate; a file with no
+    readable row of the GPU is the first row's one-line error, and nothing is written."""
+    reader = csv.DictReader(io.StringIO(CSV.read_text()))
+    row = next(r for r in reader if r["scored"] == "true" and r["source_id"].startswith("DGXC")
+               and r["gpu_type"] == "H100")
+    broken = {**row, "tp": "x"}
+    both = write_rows(tmp_path / "both.csv", [row, broken])
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", str(both), "--profile", "H100", "--out",
+                                  str(tmp_path / "cal.yaml"), "--json"])
+    rep = json.loads(out)
+    assert rc == 0 and rep["measurements"] == 1 and rep["inputs"][0]["other_gpu_rows"] == 0
+    assert rep["inputs"][0]["rows_not_read"] == [
+        {"row": 1, "error": f"{both}: row 1: column 'tp': expected a positive integer, got 'x'"}]
+    only = write_rows(tmp_path / "only.csv", [broken, {**broken, "pp": "y"}])
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(only), "--profile", "H100", "--out",
+                                  str(tmp_path / "none.yaml")])
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "row 0: column 'tp': expected a positive integer, got 'x' (and 1 more row(s) on H100)" in err
+    assert not (tmp_path / "none.yaml").exists()
+
+
 def test_bad_profiles_and_measurements_are_one_line_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: H100\nsources: [\n")

@@ -101,3 +101,12 @@ def test_a_blank_degree_beside_a_number_that_is_not_whole_is_an_error_naming_tha
     # The fuzzing of CI found tp blank with cp or pp 'INF' raising OverflowError instead of the row's error.
     cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "tp": "", col: bad}]))
     assert not cases and f"column '{col}': expected an integer" in errors[0]["error"], errors
+
+
+def test_a_degree_given_as_text_is_an_error_not_a_blank_to_fill(tmp_path):
+    # 'x' in tp was read as blank and filled from the GPU count (num_gpus / (pp x cp x dp) = 8), so the row
+    # calibrated and validated as if it had said tp8.
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "tp": "x"}]))
+    assert not cases and "column 'tp': expected a positive integer, got 'x'" in errors[0]["error"]
+    case = _case(tmp_path, tp="n/a")   # a word for "not published" is a blank
+    assert case.plan.tp == 8 and "tp=8 (num_gpus / (pp x cp x dp))" in case.assumed

@@ -70,6 +70,11 @@ _KNOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
           "use_torch_fsdp2", "data_parallel_sharding_strategy", "log_interval", "rampup_batch_size")
 
 
+MAX_ITERATION_MS = 1e12
+"""Longest iteration time read (about 32 years): a larger figure is no measurement, and a median of two such
+floats near the float limit overflows to inf."""
+
+
 @dataclass
 class LogRun:
     """One training log read: the measurement and what it was read from."""
@@ -339,9 +344,9 @@ def parse_megatron_log(text: str, source: str, *, gpu: str | None = None, cluste
         if start < warmup_iterations or (final_gbs is not None and gbs is not None and gbs != final_gbs):
             skipped.append((it, ms, tf))
             continue
-        if not (ms > 0 and math.isfinite(ms)):
+        if not 0 < ms < MAX_ITERATION_MS:
             raise InputError(f"{source}: iteration {it}: field 'elapsed time per iteration (ms)' = {ms}: expected "
-                             f"a positive time")
+                             f"a positive time under {MAX_ITERATION_MS:.0e} ms")
         kept.append((it, ms, tf))
     if not kept:
         raise InputError(f"{source}: all {len(lines)} logged iteration(s) fall in the first {warmup_iterations} "
@@ -350,16 +355,22 @@ def parse_megatron_log(text: str, source: str, *, gpu: str | None = None, cluste
     if _LORA_CONFIG.search(text):
         model = model.model_copy(update={"finetune": "lora"})
     plan, world = log_plan(a, model, final_gbs)
-    if cluster is not None:
-        gpn = cluster.gpus_per_node
-        cl = cluster.model_copy(update={"nodes": max(1, -(-world // gpn)), "name": f"{cluster.name}@{world}"})
-    else:
-        gpu = gpu or gpu_in_log(text)
-        if gpu is None:
-            raise InputError(f"{source}: field 'gpu': the log does not name the GPU type; pass --gpu NAME (e.g. "
-                             f"H100) or --cluster C.yaml")
-        prof = load_profile(gpu)
-        cl = row_cluster({"num_gpus": str(world), "gpus_per_node": "", "gpu_type": prof.name}, prof)
+    gpu = None if cluster is not None else gpu or gpu_in_log(text)
+    if cluster is None and gpu is None:
+        raise InputError(f"{source}: field 'gpu': the log does not name the GPU type; pass --gpu NAME (e.g. "
+                         f"H100) or --cluster C.yaml")
+    try:
+        if cluster is not None:
+            nodes = max(1, -(-world // cluster.gpus_per_node))
+            cl = type(cluster).model_validate({**cluster.model_dump(), "nodes": nodes,
+                                               "name": f"{cluster.name}@{world}"})
+        else:
+            prof = load_profile(gpu)
+            cl = row_cluster({"num_gpus": str(world), "gpus_per_node": "", "gpu_type": prof.name}, prof)
+    except ValidationError as err:
+        where = cluster.name if cluster is not None else gpu
+        raise InputError(f"{source}: the run's {world:,} GPUs (tp x pp x cp x dp of the argument dump) make no "
+                         f"cluster of {where}: {err.errors()[0]['msg']}") from None
     step_s = float(np.median([ms for _, ms, _ in kept])) / 1e3
     tfs = [tf for _, _, tf in kept if tf is not None]
     return LogRun(measurement=Measurement(model=model, cluster=cl, plan=plan, step_time_s=step_s),

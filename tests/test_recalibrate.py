@@ -181,6 +181,19 @@ def test_a_size_that_is_not_a_whole_number_in_range_is_a_one_line_error(name, va
         parse_megatron_log(edit(log_text(), name, value), "x.log", gpu="H100")
 
 
+def test_a_world_beyond_any_cluster_and_an_absurd_iteration_time_are_one_line_errors():
+    # Found by fuzzing: 8,000,016 GPUs raised pydantic's ValidationError; two iteration times near the float limit
+    # made a median of inf.
+    no_world = "\n".join(ln for ln in log_text().splitlines() if not ln.startswith("  world_size "))
+    with pytest.raises(InputError, match=r"^x\.log: the run's 8,000,016 GPUs .* make no cluster of H100: "):
+        parse_megatron_log(edit(no_world, "context_parallel_size", "500001"), "x.log", gpu="H100")
+    huge = re.sub(r"elapsed time per iteration \(ms\): [0-9.]+", "elapsed time per iteration (ms): 8.9e+307",
+                  log_text())
+    with pytest.raises(InputError, match=r"iteration 4: field 'elapsed time per iteration \(ms\)' = 8\.9e\+307: "
+                                         r"expected a positive time under 1e\+12 ms"):
+        parse_megatron_log(huge, "x.log", gpu="H100")
+
+
 def test_iteration_fields_that_are_not_numbers_are_no_iteration_lines():
     # "elapsed time per iteration (ms): ." raised ValueError; a NeMo global_step of 1e400 OverflowError.
     dots = log_text().replace("elapsed time per iteration (ms): ", "elapsed time per iteration (ms): .")

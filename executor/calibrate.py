@@ -231,4 +231,8 @@ def run_calibrate(measurement_paths: list[str], profile_spec: str, out: str, *, 
     write_calibrated_profile(source, fitted.calibration, out_path)
     report["inputs"] = inputs
     report["out"] = str(out_path)
+    if report.get("measured_models"):
+        from costmodel.trust import CALIBRATED_KEY, intervals_data
+
+        report[CALIBRATED_KEY] = intervals_data().get(CALIBRATED_KEY, 1.0)
     return report

@@ -38,6 +38,10 @@ def calibration_table(report: dict, console) -> None:
         console.print(f"{mine}; other models get {report['other_models_weight']:.0%} of "
                       f"{'the pooled update' if report.get('per_model') else 'it'} (other_models_weight in the YAML; "
                       f"1 carries all of it)")
+    if report.get("calibrated_width_factor", 1.0) < 1.0:
+        console.print(f"predictions of the measured architecture(s) get P10-P90 intervals "
+                      f"{report['calibrated_width_factor']:g}x as wide (calibrated_width_factor: the spread of "
+                      f"one-run calibrated predictions on held-out sources)")
     for note in report.get("inputs", []):
         if note.get("other_gpu_rows"):
             console.print(f"{note['path']}: {note['other_gpu_rows']} scored row(s) on other GPU types left out")

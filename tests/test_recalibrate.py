@@ -441,6 +441,9 @@ def test_calibrate_on_one_csv_row_then_validate_with_the_profile(tmp_path, capsy
     assert rep["measurements"] == 1 and len(rep["factors"]) == 1
     assert rep["inputs"][0]["kind"] == "published-runs CSV"
     assert rep["mape_after"] < 1.5
+    from costmodel.trust import CALIBRATED_KEY, intervals_data
+
+    assert rep[CALIBRATED_KEY] == intervals_data()[CALIBRATED_KEY] < 1.0   # what the measured model's intervals get
     prof = load_profile(str(cal))
     assert prof.name == "H100" and "plan calibrate on 1 measured run" in prof.calibration.fitted_by
     base, after = tmp_path / "base.json", tmp_path / "after.json"

@@ -55,8 +55,10 @@ raw_bytes = st.one_of(st.binary(max_size=300), st.text(max_size=200).map(lambda 
 
 
 def _one_line(exc: InputError) -> None:
+    # A plan error lists every violation with its valid values (tests/test_rules.py: 7 of them, 1,104
+    # characters); 2,000 still catches a message that quotes a whole file.
     msg = str(exc)
-    assert msg and "\n" not in msg and len(msg) < 1000, msg
+    assert msg and "\n" not in msg and len(msg) < 2000, msg
 
 
 def _read(fn, *args):

@@ -202,24 +202,24 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
         return [{"row": t.row, "log_residual": round(math.log(t.published_step_time_s / pred(t, calibrated((a,)))), 5)}
                 for pairs, _ in pairs_of_groups for a, t in pairs]
 
-    def same_config(groups: dict) -> dict:
+    def same_config(pairs_of_groups) -> dict:
         """same_model's pairs whose target repeats the anchor's configuration, with the anchor's published
         step time as their prediction (``floor``)."""
-        pairs = [(rows[0], t) for rows in groups.values() for t in rows[1:] if _same_config(rows[0], t)]
+        pairs = [(a, t) for group, _ in pairs_of_groups for a, t in group if _same_config(a, t)]
         out = figure([(pairs, {})])
         out.pop("groups")
         floor = [abs_percent_error(a.published_step_time_s, t.published_step_time_s) for a, t in pairs]
         return {**out, "floor": {**_stats(floor), "ape": [round(x, 3) for x in floor]}}
 
     by_model = _grouped(cases, lambda c: (c.source_id, c.gpu_type, c.model.name))
+    same_model = list(_same_pairs(by_model, False))
     by_release = _grouped(cases, lambda c: (c.source_id, c.release, c.gpu_type, c.model.name))
     stacks, release_stacks = (_grouped(cases, lambda c: (c.source_id, c.gpu_type)),
                               _grouped(cases, lambda c: (c.source_id, c.release, c.gpu_type)))
     return {"scheme": SCHEME,
-            "same_model": {**figure(_same_pairs(by_model, False)),
-                           "residuals": residuals(_same_pairs(by_model, False))},
+            "same_model": {**figure(same_model), "residuals": residuals(same_model)},
             "same_model_one_file": figure(_one_file_pairs(by_model)),
-            "same_config": same_config(by_model),
+            "same_config": same_config(same_model),
             "same_release": figure(_same_pairs(by_release, True)),
             "other_models": figure(_other_model_pairs(stacks, False)),
             "other_models_same_release": figure(_other_model_pairs(release_stacks, True))}

@@ -338,6 +338,12 @@ def interval_class(model: ModelSpec, cluster: ClusterSpec, data: dict | None = N
     return lookup(data["classes"], class_path(_generation(cluster), model.num_experts > 0, cluster.num_gpus))
 
 
+def calibrated_scale(model: ModelSpec, profile, data: dict) -> float:
+    """The factor on the interval widths of ``model``'s predictions by ``profile``: CALIBRATED_KEY of the
+    intervals ``data`` where plan calibrate measured the profile on the model, else 1."""
+    return data.get(CALIBRATED_KEY, 1.0) if profile.measured_on(model) else 1.0
+
+
 def step_intervals(model: ModelSpec, cluster: ClusterSpec, plans, step_time_s: np.ndarray,
                    framework: str = "megatron-core", profile=None) -> dict:
     """P10 / P90 step time and support of each plan (PlanArrays) given its predicted (P50) step time. The
@@ -347,8 +353,7 @@ def step_intervals(model: ModelSpec, cluster: ClusterSpec, plans, step_time_s: n
     _, q = interval_class(model, cluster, data)
     support = support_counts(model, cluster, plans, framework=framework)
     thin = support < data["thin_support"]
-    prof = profile or load_profile(cluster.gpu)
-    scale = data.get(CALIBRATED_KEY, 1.0) if prof.measured_on(model) else 1.0
+    scale = calibrated_scale(model, profile or load_profile(cluster.gpu), data)
     k_ok, k_thin = (scale * k for k in width_factors(data))
     lo0, hi0 = widened(q, k_ok)
     lo1, hi1 = widened(q, k_thin)
@@ -384,8 +389,9 @@ def plan_trust(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, step_
     one = PlanArrays.from_plans([plan])
     iv = step_intervals(model, cluster, one, np.array([step_time_s]), plan.framework)
     cls, _ = interval_class(model, cluster)
-    if load_profile(cluster.gpu).measured_on(model):
-        cls += f", narrowed x{intervals_data().get(CALIBRATED_KEY, 1.0):g}: the profile was calibrated on this model"
+    scale = calibrated_scale(model, load_profile(cluster.gpu), intervals_data())
+    if scale != 1.0:
+        cls += f", narrowed x{scale:g}: the profile was calibrated on this model"
     n = int(iv["support_runs"][0])
     return {"predicted_p10_step_time_s": float(iv["step_time_p10_s"][0]),
             "predicted_p50_step_time_s": float(step_time_s),

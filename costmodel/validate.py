@@ -500,7 +500,6 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
     other degrees and ``dp`` are given (num_gpus / (the others x cp x dp), when that is a whole number), else 1
     (not published: a stack that names no tensor or pipeline parallelism ran none). A row whose given degrees
     cannot fill its GPUs that way keeps the blank, and _check_numbers names it."""
-    blank = [c for c in ("tp", "pp") if (row.get(c) or "").strip().lower() in ("", *_ABSENT)]
     given = {}
     for c in ("num_gpus", "tp", "pp", "cp", "dp"):
         raw = (row.get(c) or "").strip()
@@ -510,6 +509,7 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
         if x is None or not math.isfinite(x) or x != int(x) or x < 0:   # text, inf, NaN, a fraction:
             return row                                                     # _check_numbers names it
         given[c] = int(x)
+    blank = [c for c in ("tp", "pp") if c not in given]
     gpus = given.get("num_gpus", 0)
     if not blank or gpus < 1 or any(given[c] < 1 for c in ("tp", "pp") if c not in blank):
         return row
@@ -534,8 +534,8 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
 def _check_numbers(row: dict) -> float:
     """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
     fraction, NaN, inf."""
-    columns = _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",)
-    for col in columns:   # a wrong number first: it is why a blank degree could not be filled
+    # A wrong number first (it is why a blank degree could not be filled), then a blank required column.
+    for col in _REQUIRED_INTS + _OPTIONAL_INTS + ("moe_experts",):
         raw = (row.get(col) or "").strip()
         x = _num(raw)
         if x is None:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from costmodel.catalog import catalog, catalog_names, get_model
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
+from costmodel.flops import total_params
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
@@ -263,7 +264,54 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
             assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
     spec["precision"] = precision_of(row.get("precision") or "", assumed)
     spec["finetune"] = finetune_of(row, assumed)
-    return ModelSpec.model_validate(spec)
+    model = ModelSpec.model_validate(spec)
+    return _match_published_size(model, row, assumed) if fam is None else model
+
+
+# A row's params_b (its published total size) checks the two things the schema's columns leave open for a model
+# outside the catalog: whether its MLP is gated (a 3-matrix SwiGLU / GeGLU, guessed from the name) and, for a MoE,
+# whether ffn_hidden is the experts' width or the dense layers' (both spellings are in published tables: the
+# Megatron-Bridge archive gives DeepSeek-V3's experts, 2,048; a Hugging Face config's intermediate_size is the
+# dense width, 10,944 for DeepSeek-V2-Lite, whose 64 experts are 1,408 wide). Published sizes are nominal (Llama 2
+# "7B" has 6.7B parameters, "8x7B" 46.7B), so a size within SIZE_AGREES of the columns' is left alone, and a
+# reading is taken only when it lands within SIZE_MATCHES.
+SIZE_AGREES = 1.25
+SIZE_MATCHES = 1.1
+
+
+def _match_published_size(model: ModelSpec, row: dict, assumed: list[str]) -> ModelSpec:
+    """The model read the way that matches the row's ``params_b`` when the columns as read miss it by more than
+    SIZE_AGREES: the other MLP form (with the embeddings of that style), else, for a MoE, the expert width that
+    gives the published size (ffn_hidden read as the dense layers' width). Each change is named in ``assumed``;
+    without a usable params_b, or where neither reading matches, the model is as read."""
+    published = _num(row.get("params_b", ""))
+    if published is None or not math.isfinite(published) or published <= 0:
+        return model
+    target = published * 1e9
+    billions = lambda m: total_params(m) / 1e9  # noqa: E731
+    miss = lambda m: abs(math.log(total_params(m) / target))  # noqa: E731
+    if miss(model) <= math.log(SIZE_AGREES):
+        return model
+    gated = not model.gated_mlp
+    other = model.model_copy(update={"gated_mlp": gated, "learned_position_embeddings": not gated,
+                                     "tied_embeddings": not gated})
+    if miss(other) <= math.log(SIZE_MATCHES):
+        assumed.append(f"gated_mlp={gated} (params_b {published:g}: {billions(other):.1f}B so, "
+                       f"{billions(model):.1f}B with gated_mlp={not gated})")
+        return other
+    if model.is_moe:
+        w1 = model.expert_ffn
+        t1 = total_params(model)
+        per_width = (total_params(model.model_copy(update={"moe_ffn_hidden": 2 * w1})) - t1) / w1
+        width = int(round((w1 + (target - t1) / per_width) / 64.0)) * 64
+        if width >= 64:
+            wide = model.model_copy(update={"moe_ffn_hidden": width})
+            if miss(wide) <= math.log(SIZE_MATCHES):
+                assumed.append(f"moe_ffn_hidden={width} (params_b {published:g}: ffn_hidden {model.ffn_hidden} as "
+                               f"the experts' width gives {billions(model):.1f}B, so it is read as the dense layers' "
+                               f"width; experts {width} wide give {billions(wide):.1f}B)")
+                return wide
+    return model
 
 
 # A LoRA / PEFT run: the word in the model name, the notes or a task column (Megatron-Bridge's archive: "lora";
@@ -834,7 +882,9 @@ def interval_coverage(rows: list[dict]) -> dict:
                  <= r["predicted_p90_step_time_s"])
     below = sum(1 for r in sel if r["published_step_time_s"] < r["predicted_p10_step_time_s"])
     return {"rows": len(sel), "inside": inside, "below_p10": below, "above_p90": len(sel) - inside - below,
-            "fraction": round(inside / len(sel), 4) if sel else None}
+            "fraction": round(inside / len(sel), 4) if sel else None,
+            "with_interval": sum(1 for r in rows if r.get("predicted_p10_step_time_s") is not None),
+            "published": sum(1 for r in rows if r.get("published_step_time_s"))}
 
 
 def run_descriptors(cases: list[Case]) -> list[dict]:

@@ -593,6 +593,8 @@ def _cross_validate(csv: str, con) -> dict:
 
 def _coverage_line(what: str, c: dict) -> str:
     if not c["rows"]:
+        if c.get("with_interval") and not c.get("published"):
+            return f"{what}: no row publishes a step time to compare"
         return f"{what}: no intervals (hardware_profiles/trust/ missing; see scripts/fit_intervals.py)"
     return (f"{what}: {c['inside']} of {c['rows']} ({100 * c['fraction']:.0f}%; {c['below_p10']} below P10, "
             f"{c['above_p90']} above P90)")

@@ -110,3 +110,39 @@ def test_a_degree_given_as_text_is_an_error_not_a_blank_to_fill(tmp_path):
     assert not cases and "column 'tp': expected a positive integer, got 'x'" in errors[0]["error"]
     case = _case(tmp_path, tp="n/a")   # a word for "not published" is a blank
     assert case.plan.tp == 8 and "tp=8 (num_gpus / (pp x cp x dp))" in case.assumed
+
+
+# DeepSeek-V2-Lite as its Hugging Face config gives it (intermediate_size 10,944 is the dense layer's width;
+# moe_intermediate_size 1,408 the experts'), 15.7B parameters; on one 8-H100 node with expert parallelism 8.
+V2_LITE = dict(model_name="DeepSeek-V2-Lite", params_b="16", layers="27", hidden="2048", ffn_hidden="10944",
+               heads="16", kv_heads="16", vocab="102400", seq_len="4096", moe_experts="64", moe_topk="6",
+               num_gpus="8", tp="1", pp="1", cp="1", ep="8", dp="8", global_batch="256", micro_batch="1",
+               framework="megatron-core", recompute="")
+
+
+def test_a_moe_row_whose_ffn_hidden_is_the_dense_width_takes_the_expert_width_its_published_size_gives(tmp_path):
+    case = _case(tmp_path, **V2_LITE)
+    # 64 experts 10,944 wide would be 117.1B parameters; the published 16B gives experts 1,408 wide (the
+    # config's moe_intermediate_size, found to the nearest 64 from params_b alone).
+    assert case.model.moe_ffn_hidden == 1408
+    assert any(a.startswith("moe_ffn_hidden=1408 (params_b 16: ffn_hidden 10944 as the experts' width gives "
+                            "117.1B") for a in case.assumed), case.assumed
+    assert predict_case(case)["fits"]
+    # Without params_b the columns are read as given: experts 10,944 wide, which cannot fit one node.
+    case = _case(tmp_path, **{**V2_LITE, "params_b": ""})
+    assert case.model.moe_ffn_hidden == 10944 and not predict_case(case)["fits"]
+
+
+def test_a_published_size_decides_a_gated_mlp_the_name_does_not_name(tmp_path):
+    # OLMoE-1B-7B (SwiGLU experts, 6.9B parameters): the name names no gated family, and a 2-matrix MLP
+    # would make it 4.7B.
+    olmoe = dict(V2_LITE, model_name="OLMoE-1B-7B", params_b="7", layers="16", ffn_hidden="1024", vocab="50304",
+                 moe_experts="64", moe_topk="8")
+    case = _case(tmp_path, **olmoe)
+    assert case.model.gated_mlp and case.model.moe_ffn_hidden == 1024
+    assert "gated_mlp=True (params_b 7: 6.9B so, 4.7B with gated_mlp=False)" in case.assumed
+    # A size within 25% of the columns' (a nominal "7B" for 6.7B) changes nothing, nor a size neither reading
+    # gives (a layer-reduced proxy of a larger model).
+    for size in ("5.5", "0.5"):
+        case = _case(tmp_path, **{**olmoe, "params_b": size})
+        assert not case.model.gated_mlp and not any("params_b" in a for a in case.assumed)

@@ -89,3 +89,28 @@ def test_dp_bucket_latency_grows_with_the_ring(monkeypatch):
     bound = float(scale.ddp_buckets(p_rank, 64)) * 2 * (8.4 + 63 * 9.6) * 1e-6
     diff = with_lat.step_time_s - without.step_time_s
     assert 0.0 < diff <= bound * 1.05
+
+
+def test_llama3_published_layout_example_predicts_every_row():
+    """examples/scale_405b/llama3_layout.csv (the README's scale section): Meta's 405B layout at 8,192 and 16,384
+    H100 with vpp 1, 2, 4 on a non-Megatron stack and on megatron-core. Every row is predicted and fits; no row
+    has a step time (nothing is scored). Deeper interleaving shortens the bubble, and megatron-core's overlaps
+    make each layout faster than the same layout on the other stack."""
+    from pathlib import Path
+
+    from costmodel.validate import load_cases, predict_case
+
+    cases, errors = load_cases(Path(__file__).parent.parent / "examples" / "scale_405b" / "llama3_layout.csv",
+                               unpublished=True)
+    assert not errors and len(cases) == 12
+    step = {}
+    for c in cases:
+        out = predict_case(c)
+        assert out["fits"] and np.isnan(c.published_step_time_s)
+        step[(c.cluster.num_gpus, c.plan.framework, c.plan.vpp)] = out["predicted_step_time_s"]
+    for gpus in (8192, 16384):
+        for fw in ("other", "megatron-core"):
+            assert step[(gpus, fw, 1)] > step[(gpus, fw, 2)] > step[(gpus, fw, 4)]
+        for vpp in (1, 2, 4):
+            assert 1.05 < step[(gpus, "other", vpp)] / step[(gpus, "megatron-core", vpp)] < 1.2
+    assert step[(8192, "megatron-core", 4)] == pytest.approx(10.44, rel=0.01)

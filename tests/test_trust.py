@@ -195,6 +195,14 @@ def test_validate_json_has_interval_fields(tmp_path, capsys):
     inside = sum(r["predicted_p10_step_time_s"] <= r["published_step_time_s"] <= r["predicted_p90_step_time_s"]
                  for r in data["rows"])
     assert cov["inside"] == inside
+    # Rows that publish no step time are predicted with intervals, and the line says there is nothing to
+    # compare (it said the interval files were missing).
+    blank = write_rows(tmp_path / "blank.csv", [{**r, "step_time_s": "", "measured_metric": "", "measured_value": ""}
+                                                for r in rows if r["scored"] == "true"][:2])
+    assert main(["validate", str(blank), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "no row publishes a step time to compare" in text and "missing" not in text
+    assert all(r["predicted_p10_step_time_s"] for r in json.loads(out.read_text())["rows"])
 
 
 def test_check_and_search_show_intervals(capsys, tmp_path):

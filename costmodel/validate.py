@@ -473,15 +473,15 @@ def _full_recompute_layers(text: str, model: ModelSpec, pp: int, vpp: int) -> in
 
 def recompute_named(text: str) -> str:
     """none / selective / full / offload for the ways a recompute column says them ('yes', 'activation
-    checkpointing', 'full (uniform, 1 layer)', 'selective (core attn)', 'off', 'cpu offloading'); anything else
-    (blank, 'unknown') unchanged."""
+    checkpointing', 'AC', 'full (uniform, 1 layer)', 'selective (core attn)', 'SAC', 'off', 'cpu offloading');
+    anything else (blank, 'unknown') unchanged."""
     if text in _NO or text == "none":
         return "none"
     if "offload" in text:
         return "offload"
-    if "selective" in text or "core attn" in text or "core_attn" in text:
-        return "selective"
-    if text in _YES or re.search(r"full|checkpoint|uniform|block|partial|recompute", text):
+    if "selective" in text or "core attn" in text or "core_attn" in text or re.search(r"\bsac\b|op[- ]level", text):
+        return "selective"      # torchtitan's selective activation checkpointing: 'SAC', 'op-level'
+    if text in _YES or re.search(r"full|checkpoint|uniform|block|partial|recompute|\bac\b", text):
         return "full"
     return text
 

@@ -146,3 +146,13 @@ def test_a_published_size_decides_a_gated_mlp_the_name_does_not_name(tmp_path):
     for size in ("5.5", "0.5"):
         case = _case(tmp_path, **{**olmoe, "params_b": size})
         assert not case.model.gated_mlp and not any("params_b" in a for a in case.assumed)
+
+
+@pytest.mark.parametrize("text, named", [("AC", "full"), ("full AC", "full"), ("SAC", "selective"),
+                                         ("op-level SAC", "selective"), ("Selective AC", "selective"),
+                                         ("activation checkpointing", "full"), ("off", "none")])
+def test_recompute_spellings_of_other_stacks(tmp_path, text, named):
+    # torchtitan's names: full activation checkpointing 'AC', selective 'SAC' (op-level); before, 'AC' and 'SAC'
+    # were read as unknown and took the fastest setting that fits.
+    case = _case(tmp_path, recompute=text)
+    assert case.recompute_known and case.plan.recompute == named

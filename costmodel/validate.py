@@ -364,10 +364,15 @@ def precision_of(raw: str, assumed: list[str]) -> str:
 
 def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     num_gpus = _int(row["num_gpus"])
-    gpn = _int(row.get("gpus_per_node", "")) or min(profile.nvlink_domain_gpus, 8)
+    given = _int(row.get("gpus_per_node", ""))
+    gpn = given or min(profile.nvlink_domain_gpus, 8)
     if profile.nvlink_domain_gpus > 8:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain
         gpn = 4
     domain = max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
+    if given and given < profile.nvlink_domain_gpus <= 16:
+        # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own
+        # NVLink domain: the next node is reached over the network.
+        domain = given
     nodes = max(1, math.ceil(num_gpus / gpn))
     return ClusterSpec(name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
                        nvlink_domain_gpus=domain,

@@ -156,3 +156,24 @@ def test_recompute_spellings_of_other_stacks(tmp_path, text, named):
     # were read as unknown and took the fastest setting that fits.
     case = _case(tmp_path, recompute=text)
     assert case.recompute_known and case.plan.recompute == named
+
+
+def test_a_node_smaller_than_the_profiles_nvlink_domain_is_its_own_domain(tmp_path):
+    # Summit's nodes hold 6 V100s: the row was a ClusterSpec error (an 8-GPU domain over 6-GPU nodes). Nodes of
+    # 4 A100s (JUWELS Booster, Perlmutter) were merged in pairs into one 8-GPU NVLink domain, so tp 8 crossed
+    # the network for free.
+    summit = dict(model_name="GPT-2 2.5B", params_b="", layers="52", hidden="1920", ffn_hidden="7680", heads="24",
+                  kv_heads="24", vocab="51200", seq_len="2048", gpu_type="V100-16GB", num_gpus="768",
+                  gpus_per_node="6", tp="6", pp="1", cp="1", dp="128", global_batch="1536", micro_batch="2",
+                  framework="megatron-lm-2021", recompute="full")
+    case = _case(tmp_path, **summit)
+    assert (case.cluster.gpus_per_node, case.cluster.nvlink_domain_gpus, case.cluster.nodes) == (6, 6, 128)
+    assert predict_case(case)["predicted_step_time_s"] > 0
+    a100 = dict(model_name="Llama 2 13B", params_b="13", layers="40", hidden="5120", ffn_hidden="13824", heads="40",
+                kv_heads="40", vocab="32000", seq_len="4096", gpu_type="A100-40GB", num_gpus="64",
+                gpus_per_node="4", pp="1", cp="1", global_batch="256", micro_batch="1", framework="megatron-core",
+                recompute="full")
+    tp4, tp8 = (_case(tmp_path, **a100, tp=tp, dp=str(64 // int(tp))) for tp in ("4", "8"))
+    assert tp4.cluster.nvlink_domain_gpus == tp8.cluster.nvlink_domain_gpus == 4
+    # tp 8 over two 4-GPU nodes puts every layer's tensor-parallel collectives on the network.
+    assert predict_case(tp8)["predicted_step_time_s"] > 1.15 * predict_case(tp4)["predicted_step_time_s"]

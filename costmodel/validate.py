@@ -39,7 +39,32 @@ STEP_TIME_METRICS = {
     "tokens_per_sec": lambda v, row: row["global_batch"] * row["seq_len"] / v,
     "samples_per_sec": lambda v, row: row["global_batch"] / v,
     "sequences_per_sec": lambda v, row: row["global_batch"] / v,
+    "steps_per_sec": lambda v, row: 1.0 / v,
 }
+# The same metrics as tables spell them ('tokens/s/GPU', 'Tokens per second per GPU', 'iteration time (ms)',
+# 'sec/iter', 'samples/s', 'it/s'): words reduced to one spelling each, then read by what they name.
+_METRIC_WORDS = ((r"\b(seconds?|secs?)\b", "s"), (r"\b(milliseconds?|msecs?)\b", "ms"),
+                 (r"\b(tok|tokens?)\b", "tokens"), (r"\b(samples?|sequences?|seqs?)\b", "samples"),
+                 (r"\b(gpus?|devices?|accelerators?)\b", "gpu"), (r"\b(iterations?|iters?|it|steps?)\b", "step"),
+                 (r"\s*\bper\b\s*", "/"))
+_METRIC_FORMS = ((r"tokens.*/\s*s\b.*/\s*gpu|tokens.*/\s*gpu.*/\s*s\b", "tokens_per_sec_per_gpu"),
+                 (r"tokens.*/\s*s\b", "tokens_per_sec"), (r"samples.*/\s*s\b", "samples_per_sec"),
+                 (r"step\s*/\s*s\b", "steps_per_sec"), (r"\bms\b.*step|step.*\bms\b", "step_time_ms"),
+                 (r"\bs\b.*step|step.*\bs\b", "step_time_s"))    # a time without its unit is not read
+
+
+def metric_named(text: str) -> str:
+    """The STEP_TIME_METRICS key a measured_metric spelling names ('' if none): the key itself, or a spelling
+    such as 'tokens/s/GPU', 'Tokens per second per GPU', 'step time (ms)', 'sec/iter' or 'it/s'."""
+    key = text.strip().lower()
+    if key in STEP_TIME_METRICS or not key:
+        return key
+    t = key.replace("_", " ").replace("(", " ").replace(")", " ")
+    if re.search(r"flop|mfu|hfu|util", t):
+        return ""    # a FLOP figure depends on the source's FLOP formula (above)
+    for pattern, word in _METRIC_WORDS:
+        t = re.sub(pattern, word, t)
+    return next((name for pattern, name in _METRIC_FORMS if re.search(pattern, t)), "")
 
 
 class NoStepTime(ValueError):
@@ -52,7 +77,7 @@ def published_step_time(row: dict) -> float:
     direct = _num(row.get("step_time_s", ""))
     if direct is not None:
         return direct
-    metric = (row.get("measured_metric") or "").strip().lower()
+    metric = metric_named(row.get("measured_metric") or "") or (row.get("measured_metric") or "").strip().lower()
     value = _num(row.get("measured_value", ""))
     if metric in STEP_TIME_METRICS and value and value > 0:
         nums = {k: float(row[k]) for k in ("global_batch", "seq_len", "num_gpus")}

@@ -177,3 +177,21 @@ def test_a_node_smaller_than_the_profiles_nvlink_domain_is_its_own_domain(tmp_pa
     assert tp4.cluster.nvlink_domain_gpus == tp8.cluster.nvlink_domain_gpus == 4
     # tp 8 over two 4-GPU nodes puts every layer's tensor-parallel collectives on the network.
     assert predict_case(tp8)["predicted_step_time_s"] > 1.15 * predict_case(tp4)["predicted_step_time_s"]
+
+
+@pytest.mark.parametrize("metric, value, step_s", [
+    ("tokens/s/GPU", "1024", 2048 * 8192 / (1024 * 8192)), ("Tokens per second per GPU", "2048", 1.0),
+    ("tok/s/gpu", "2048", 1.0), ("throughput (tokens/s)", str(2048 * 8192), 1.0), ("samples/s", "1024", 2.0),
+    ("step time (ms)", "1500", 1.5), ("elapsed time per iteration (ms)", "1500", 1.5), ("sec/iter", "3", 3.0),
+    ("time per step (s)", "3", 3.0), ("it/s", "0.5", 2.0)])
+def test_measured_metric_spellings_give_the_step_time(tmp_path, metric, value, step_s):
+    # Row: global batch 2048 sequences of 8192 tokens on 8192 GPUs.
+    case = _case(tmp_path, step_time_s="", measured_metric=metric, measured_value=value)
+    assert case.published_step_time_s == pytest.approx(step_s)
+
+
+@pytest.mark.parametrize("metric", ["TFLOPS/GPU", "model TFLOP/s per GPU", "MFU", "Iteration time", "throughput"])
+def test_a_metric_that_needs_a_flop_convention_or_a_unit_gives_no_step_time(tmp_path, metric):
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "step_time_s": "", "measured_metric": metric,
+                                                                   "measured_value": "400"}]))
+    assert not cases and "does not give a step time" in errors[0]["error"]

@@ -212,9 +212,11 @@ with (ROOT / "data" / "validation" / "published_runs.csv").open(newline="") as _
     GOOD_ROW = next(r for r in _reader if r["source_id"] == "KORTHIKANTI2022" and r["scored"] == "true")
 NUMERIC = ["layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "seq_len", "moe_experts", "moe_topk",
            "num_gpus", "gpus_per_node", "tp", "pp", "vp", "cp", "ep", "dp", "global_batch", "micro_batch",
-           "step_time_s", "gpu_type", "precision", "recompute", "scored"]
+           "step_time_s", "gpu_type", "precision", "recompute", "scored", "params_b", "measured_metric",
+           "measured_value"]
 cells = st.one_of(st.text(max_size=6), scalars.map(str), st.sampled_from(["", "0", "-1", "nan", "inf", "1e400",
-                                                                           "4.5", "unknown", "true", "  8 "]))
+                                                                           "4.5", "unknown", "true", "  8 ",
+                                                                           "tokens/s/GPU", "it/s", "step time (ms)"]))
 
 
 @FUZZ

@@ -364,7 +364,8 @@ _VAGUE_PRECISION = ("unknown", "n/a", "na", "-", "mixed", "mixed precision", "mi
 def precision_of(raw: str, assumed: list[str]) -> str:
     """The training precision a precision column names, however spelled: 'FP8 (delayed scaling)', 'FP8-hybrid',
     'fp8_e4m3', 'fp8-blockwise' -> fp8; 'MXFP8', 'fp8-mx' -> mxfp8; 'bf16 mixed', 'bfloat16' -> bf16; 'AMP fp16',
-    'float16' -> fp16; a spelling ModelSpec knows is kept (lower-cased). The GEMMs' format decides (fp8 with bf16
+    'float16', Apex AMP's 'O1' / 'O2' (fp16 mixed precision, as the 2019-2021 Megatron-LM and DeepSpeed papers ran)
+    -> fp16; a spelling ModelSpec knows is kept (lower-cased). The GEMMs' format decides (fp8 with bf16
     master weights is fp8). Blank: bf16, said in ``assumed``. Anything else stays as given, and ModelSpec
     says what is valid."""
     text = raw.strip()
@@ -380,7 +381,7 @@ def precision_of(raw: str, assumed: list[str]) -> str:
     t = re.sub(r"[\s_]+", "-", key)
     for pattern, name in ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"),
                           (r"fp8|float8|e4m3|e5m2", "fp8"), (r"bf16|bfloat16", "bf16"),
-                          (r"fp16|float16|half|(?<![a-z])amp(?![a-z])", "fp16")):
+                          (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])", "fp16")):
         if re.search(pattern, t):
             assumed.append(f"precision={name} (from {text!r})")
             return name

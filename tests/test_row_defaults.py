@@ -195,3 +195,11 @@ def test_a_metric_that_needs_a_flop_convention_or_a_unit_gives_no_step_time(tmp_
     cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "step_time_s": "", "measured_metric": metric,
                                                                    "measured_value": "400"}]))
     assert not cases and "does not give a step time" in errors[0]["error"]
+
+
+@pytest.mark.parametrize("text", ["O2", "apex O2", "Apex AMP O1", "FP16 (O2)"])
+def test_apex_amp_levels_are_fp16(tmp_path, text):
+    # Apex AMP's opt levels (Megatron-LM 2019-2021, DeepSpeed-era papers) are fp16 mixed precision; 'O2' was an
+    # invalid precision before.
+    case = _case(tmp_path, precision=text)
+    assert case.model.precision == "fp16" and f"precision=fp16 (from {text!r})" in case.assumed

@@ -304,38 +304,51 @@ SIZE_AGREES = 1.25
 SIZE_MATCHES = 1.1
 
 
+def _width_for(model: ModelSpec, field: str, target: float) -> ModelSpec | None:
+    """The model with ``field`` (ffn_hidden or moe_ffn_hidden: total parameters grow linearly in it) set to the
+    multiple of 64 that gives ``target`` parameters; None if none does (below 64)."""
+    w1 = getattr(model, field) or model.expert_ffn
+    t1 = total_params(model.model_copy(update={field: w1}))
+    per_width = (total_params(model.model_copy(update={field: 2 * w1})) - t1) / w1
+    width = int(round((w1 + (target - t1) / per_width) / 64.0)) * 64
+    return model.model_copy(update={field: width}) if width >= 64 else None
+
+
 def _match_published_size(model: ModelSpec, row: dict, assumed: list[str]) -> ModelSpec:
     """The model read the way that matches the row's ``params_b`` when the columns as read miss it by more than
-    SIZE_AGREES: the other MLP form (with the embeddings of that style), else, for a MoE, the expert width that
-    gives the published size (ffn_hidden read as the dense layers' width). Each change is named in ``assumed``;
-    without a usable params_b, or where neither reading matches, the model is as read."""
+    SIZE_AGREES: for a dense model whose ffn_hidden the row leaves blank, the width that gives the published size
+    (not 4h); else the other MLP form (with the embeddings of that style); else, for a MoE, the expert width that
+    gives it (ffn_hidden read as the dense layers' width). Each change is named in ``assumed``; without a usable
+    params_b, or where no reading matches, the model is as read."""
     published = _num(row.get("params_b", ""))
     if published is None or not math.isfinite(published) or published <= 0:
         return model
     target = published * 1e9
     billions = lambda m: total_params(m) / 1e9  # noqa: E731
-    miss = lambda m: abs(math.log(total_params(m) / target))  # noqa: E731
-    if miss(model) <= math.log(SIZE_AGREES):
+    matches = lambda m: (m is not None  # noqa: E731
+                         and abs(math.log(total_params(m) / target)) <= math.log(SIZE_MATCHES))
+    if abs(math.log(total_params(model) / target)) <= math.log(SIZE_AGREES):
         return model
+    if not model.is_moe and "ffn_hidden=4h" in assumed:
+        wide = _width_for(model, "ffn_hidden", target)
+        if matches(wide):
+            assumed[assumed.index("ffn_hidden=4h")] = (
+                f"ffn_hidden={wide.ffn_hidden} (not in the row; params_b {published:g}: 4h would give "
+                f"{billions(model):.1f}B, {wide.ffn_hidden} gives {billions(wide):.1f}B)")
+            return wide
     gated = not model.gated_mlp
     other = model.model_copy(update={"gated_mlp": gated, "learned_position_embeddings": not gated,
                                      "tied_embeddings": not gated})
-    if miss(other) <= math.log(SIZE_MATCHES):
+    if matches(other):
         assumed.append(f"gated_mlp={gated} (params_b {published:g}: {billions(other):.1f}B so, "
                        f"{billions(model):.1f}B with gated_mlp={not gated})")
         return other
-    if model.is_moe:
-        w1 = model.expert_ffn
-        t1 = total_params(model)
-        per_width = (total_params(model.model_copy(update={"moe_ffn_hidden": 2 * w1})) - t1) / w1
-        width = int(round((w1 + (target - t1) / per_width) / 64.0)) * 64
-        if width >= 64:
-            wide = model.model_copy(update={"moe_ffn_hidden": width})
-            if miss(wide) <= math.log(SIZE_MATCHES):
-                assumed.append(f"moe_ffn_hidden={width} (params_b {published:g}: ffn_hidden {model.ffn_hidden} as "
-                               f"the experts' width gives {billions(model):.1f}B, so it is read as the dense layers' "
-                               f"width; experts {width} wide give {billions(wide):.1f}B)")
-                return wide
+    wide = _width_for(model, "moe_ffn_hidden", target) if model.is_moe else None
+    if matches(wide):
+        assumed.append(f"moe_ffn_hidden={wide.moe_ffn_hidden} (params_b {published:g}: ffn_hidden {model.ffn_hidden} "
+                       f"as the experts' width gives {billions(model):.1f}B, so it is read as the dense layers' "
+                       f"width; experts {wide.moe_ffn_hidden} wide give {billions(wide):.1f}B)")
+        return wide
     return model
 
 

@@ -203,3 +203,17 @@ def test_apex_amp_levels_are_fp16(tmp_path, text):
     # invalid precision before.
     case = _case(tmp_path, precision=text)
     assert case.model.precision == "fp16" and f"precision=fp16 (from {text!r})" in case.assumed
+
+
+def test_a_blank_ffn_hidden_of_a_model_outside_the_catalog_takes_the_width_its_published_size_gives(tmp_path):
+    # A Llama-style (gated) 13B without its ffn width: 4h would make it 17.1B; params_b 13 gives 13,824, Llama 2
+    # 13B's width. A params_b that 4h already gives within 25% leaves 4h.
+    row = dict(model_name="Llama-style 13B", params_b="13", layers="40", hidden="5120", ffn_hidden="", heads="40",
+               kv_heads="40", vocab="32000", seq_len="4096", num_gpus="64", tp="8", pp="1", cp="1", dp="8",
+               global_batch="512", micro_batch="1")
+    case = _case(tmp_path, **row)
+    assert case.model.ffn_hidden == 13824
+    assert ("ffn_hidden=13824 (not in the row; params_b 13: 4h would give 17.1B, 13824 gives 13.0B)"
+            in case.assumed)
+    case = _case(tmp_path, **{**row, "params_b": "16"})
+    assert case.model.ffn_hidden == 4 * 5120 and "ffn_hidden=4h" in case.assumed

@@ -438,7 +438,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
             assumed.append("vpp=1 (not published)")
     if pp == 1:
         vp = 1
-    ep = _int(row.get("ep", "")) or 1
+    ep = _expert_parallel(_int(row.get("ep", "")) or 1, model, tp * cp * dp, assumed)
     mbs = _int(row.get("micro_batch", ""))
     if not mbs:
         if framework == "megatron-lm-2020":
@@ -499,6 +499,22 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
 
 _YES = ("true", "yes", "y", "1", "on", "enabled")
 _NO = ("false", "no", "n", "0", "off", "disabled")
+
+
+def _expert_parallel(ep: int, model: ModelSpec, ranks: int, assumed: list[str]) -> int:
+    """The row's expert parallelism where a run can have it: megatron-core splits the experts evenly over the ep
+    ranks and the ep ranks out of tp x cp x dp, so ep divides both the expert count and that product. A row
+    beyond either (ep counted over the GPUs, or 16 for 8 experts) takes the largest ep up to its own that does,
+    said in ``assumed``; a dense model has none."""
+    if not model.is_moe:
+        return 1
+    if model.num_experts % ep == 0 and ranks % ep == 0:
+        return ep
+    fit = max(e for e in range(1, min(ep, model.num_experts, ranks) + 1)
+              if model.num_experts % e == 0 and ranks % e == 0)
+    assumed.append(f"ep={fit} (the row's ep={ep} does not divide the {model.num_experts} experts and the "
+                   f"{ranks} tp x cp x dp ranks)")
+    return fit
 
 
 def _full_recompute_layers(text: str, model: ModelSpec, pp: int, vpp: int) -> int | None:

@@ -217,3 +217,22 @@ def test_a_blank_ffn_hidden_of_a_model_outside_the_catalog_takes_the_width_its_p
             in case.assumed)
     case = _case(tmp_path, **{**row, "params_b": "16"})
     assert case.model.ffn_hidden == 4 * 5120 and "ffn_hidden=4h" in case.assumed
+
+
+def test_an_expert_parallelism_no_run_can_have_takes_the_largest_that_divides(tmp_path):
+    # Mixtral's 8 experts over ep 16, and Qwen3-30B-A3B's ep 32 on 16 GPUs: megatron-core splits the experts evenly
+    # over ep ranks drawn from tp x cp x dp. The rows were priced with half an expert per rank before.
+    mixtral = dict(model_name="Mixtral-8x22B", params_b="141", layers="56", hidden="6144", ffn_hidden="16384",
+                   heads="48", kv_heads="8", vocab="32768", seq_len="4096", moe_experts="8", moe_topk="2",
+                   num_gpus="256", tp="4", pp="4", cp="1", ep="16", dp="16", global_batch="1024",
+                   micro_batch="1", framework="megatron-core")
+    case = _case(tmp_path, **mixtral)
+    assert case.plan.ep == 8
+    assert "ep=8 (the row's ep=16 does not divide the 8 experts and the 64 tp x cp x dp ranks)" in case.assumed
+    assert _case(tmp_path, **{**mixtral, "ep": "8"}).plan.ep == 8
+    qwen = dict(mixtral, model_name="Qwen3-30B-A3B", params_b="30", layers="48", hidden="2048", ffn_hidden="768",
+                heads="32", kv_heads="4", vocab="151936", moe_experts="128", moe_topk="8", num_gpus="16", tp="1",
+                pp="1", ep="32", dp="16")
+    assert _case(tmp_path, **qwen).plan.ep == 16
+    # A dense model has no expert parallelism, whatever the column says.
+    assert _case(tmp_path, ep="8").plan.ep == 1

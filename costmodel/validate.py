@@ -77,7 +77,8 @@ def published_step_time(row: dict) -> float:
     direct = _num(row.get("step_time_s", ""))
     if direct is not None:
         return direct
-    metric = metric_named(row.get("measured_metric") or "") or (row.get("measured_metric") or "").strip().lower()
+    raw = (row.get("measured_metric") or "").strip().lower()
+    metric = metric_named(raw) or raw
     value = _num(row.get("measured_value", ""))
     if metric in STEP_TIME_METRICS and value and value > 0:
         nums = {k: float(row[k]) for k in ("global_batch", "seq_len", "num_gpus")}
@@ -325,11 +326,11 @@ def _match_published_size(model: ModelSpec, row: dict, assumed: list[str]) -> Mo
         return model
     target = published * 1e9
     billions = lambda m: total_params(m) / 1e9  # noqa: E731
-    matches = lambda m: (m is not None  # noqa: E731
-                         and abs(math.log(total_params(m) / target)) <= math.log(SIZE_MATCHES))
-    if abs(math.log(total_params(model) / target)) <= math.log(SIZE_AGREES):
+    off = lambda m: abs(math.log(total_params(m) / target))  # noqa: E731
+    matches = lambda m: m is not None and off(m) <= math.log(SIZE_MATCHES)  # noqa: E731
+    if off(model) <= math.log(SIZE_AGREES):
         return model
-    if not model.is_moe and "ffn_hidden=4h" in assumed:
+    if not model.is_moe and "ffn_hidden=4h" in assumed:   # the row left ffn_hidden blank
         wide = _width_for(model, "ffn_hidden", target)
         if matches(wide):
             assumed[assumed.index("ffn_hidden=4h")] = (
@@ -407,11 +408,10 @@ def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     gpn = given or min(profile.nvlink_domain_gpus, 8)
     if profile.nvlink_domain_gpus > 8:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain
         gpn = 4
-    domain = max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
-    if given and given < profile.nvlink_domain_gpus <= 16:
-        # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own
-        # NVLink domain: the next node is reached over the network.
-        domain = given
+    # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own NVLink
+    # domain: the next node is reached over the network.
+    domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
+        max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
     nodes = max(1, math.ceil(num_gpus / gpn))
     return ClusterSpec(name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
                        nvlink_domain_gpus=domain,

@@ -146,6 +146,61 @@ def _int(v: str) -> int | None:
     return None if x is None else int(round(x))
 
 
+# A number as tables print it: thousands separators ("12,288"), a k / M multiple ("8k" tokens, "16K" GPUs,
+# "1.5k"), which for the counts of this schema (sequence lengths, GPUs, batches) is binary: 8k tokens are 8,192.
+_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_MULTIPLE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmM])")
+_COUNT_COLUMNS = ("seq_len", "num_gpus", "global_batch", "micro_batch", "layers", "hidden", "ffn_hidden", "vocab",
+                  "gpus_per_node", "tp", "pp", "vp", "cp", "ep", "dp", "heads", "kv_heads", "moe_experts",
+                  "moe_topk")
+
+
+def _tokens_to_sequences(tokens_dec: float, tokens_bin: float, seq_len: int) -> int:
+    """Sequences of ``seq_len`` in a batch given in tokens ("4M tokens"): the decimal or binary reading of the
+    multiple, whichever comes closer to a whole number of sequences (4M tokens of 4,096 is 1,024 sequences)."""
+    off = lambda t: abs(t / seq_len - round(t / seq_len)) / max(t / seq_len, 1.0)  # noqa: E731
+    return max(1, round((tokens_bin if off(tokens_bin) <= off(tokens_dec) else tokens_dec) / seq_len))
+
+
+def normalise_numbers(row: dict, assumed: list[str]) -> dict:
+    """The row with the numbers of its count columns written plainly: "12,288" -> 12288, "8k" -> 8192, and a
+    global batch given in tokens ("4M tokens", "2,097,152 tokens", "16M") -> sequences of the row's seq_len,
+    each conversion but a separator's named in ``assumed``. A cell this cannot read stays as written (and
+    _check_numbers names it)."""
+    out = dict(row)
+    for col in _COUNT_COLUMNS:
+        raw = (row.get(col) or "").strip()
+        if not raw or _num(raw) is not None:
+            continue
+        text = _GROUPED.sub(lambda m: m.group(0).replace(",", ""), raw)
+        tokens = col == "global_batch" and re.search(r"\btok(en)?s?\b", text, re.I)
+        m = _MULTIPLE.fullmatch(text.split()[0]) if text.split() else None
+        plain = _num(text.split()[0]) if text.split() and (tokens or len(text.split()) == 1) else None
+        if m is None and plain is None:
+            continue
+        if col == "global_batch" and (tokens or (m and m.group(2) in "mM")):
+            seq = _int(normalise_numbers({"seq_len": row.get("seq_len", "")}, []).get("seq_len", ""))
+            if not seq:
+                continue
+            if m:
+                x, big = float(m.group(1)), m.group(2) in "mM"
+                dec, binary = x * (1e6 if big else 1e3), x * (2**20 if big else 2**10)
+            else:
+                dec = binary = plain
+            out[col] = str(_tokens_to_sequences(dec, binary, seq))
+            assumed.append(f"global_batch={out[col]} sequences of {seq} tokens (from {raw!r})")
+        elif m and len(text.split()) == 1:
+            out[col] = str(round(float(m.group(1)) * (2**20 if m.group(2) in "mM" else 2**10)))
+            assumed.append(f"{col}={out[col]} (from {raw!r})")
+        elif plain is not None and len(text.split()) == 1:
+            out[col] = text
+    for col in ("step_time_s", "measured_value", "params_b"):
+        raw = (row.get(col) or "").strip()
+        if _num(raw) is None and _GROUPED.fullmatch(raw):
+            out[col] = raw.replace(",", "")
+    return out
+
+
 # Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
 _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
                  r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
@@ -175,7 +230,7 @@ def framework_of(row: dict, assumed: list[str]) -> str:
 
 def framework_named(text: str, row: dict) -> str | None:
     """The FRAMEWORK key a framework column spelled another way names (NeMo 2.0, Megatron-Bridge, mcore,
-    Megatron-LM v0.9 -> megatron-core; DeepSpeed, Megatron-DeepSpeed, torchtitan, MaxText -> other; Pax ->
+    Megatron-LM v0.9 -> megatron-core; Megatron-LM v1.x -> megatron-lm-2020, v2.x / v3.x -> megatron-lm-2021; DeepSpeed, Megatron-DeepSpeed, torchtitan, MaxText -> other; Pax ->
     paxml); None if it names none. A bare Megatron-LM takes the generation the row's notes and source name
     (the 2020 README tables, the 2021 papers) and megatron-core otherwise."""
     t = re.sub(r"[\s_]+", "-", text.lower())
@@ -184,6 +239,10 @@ def framework_named(text: str, row: dict) -> str | None:
     if "deepspeed" in t or re.search(_OTHER_STACKS, text.lower()):
         return "other"
     if re.search(r"megatron|nemo|mcore|bridge", t):
+        # Megatron-LM's own release tags: v1.x 2020, v2.x 2021 and v3.x 2022 (before megatron-core's core_r0.x).
+        tag = re.search(r"megatron-lm-?v?([1-3])\.\d+(?!\d)", t)
+        if tag and "core" not in t:
+            return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
         year = re.search(r"(?<!\d)(20[12]\d)(?!\d)", t)
         if year and year.group(1) == "2020":
             return "megatron-lm-2020"
@@ -604,8 +663,8 @@ def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
 
 
 def fill_degrees(row: dict, assumed: list[str]) -> dict:
-    """The row with a blank ``tp`` or ``pp`` filled, each named in ``assumed``: from the GPU count where the
-    other degrees and ``dp`` are given (num_gpus / (the others x cp x dp), when that is a whole number), else 1
+    """The row with a blank ``num_gpus`` (tp x pp x cp x dp where all four are given) or a blank ``tp`` or ``pp``
+    filled, each named in ``assumed``: from the GPU count where the other degrees and ``dp`` are given (num_gpus / (the others x cp x dp), when that is a whole number), else 1
     (not published: a stack that names no tensor or pipeline parallelism ran none). A row whose given degrees
     cannot fill its GPUs that way keeps the blank, and _check_numbers names it."""
     given = {}
@@ -618,6 +677,11 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
             return row                                                     # _check_numbers names it
         given[c] = int(x)
     blank = [c for c in ("tp", "pp") if c not in given]
+    if "num_gpus" not in given and not blank and given.get("dp"):
+        # A blank GPU count where every degree is given: their product (ep and etp divide it, not multiply).
+        gpus = given["tp"] * given["pp"] * (given.get("cp") or 1) * given["dp"]
+        assumed.append(f"num_gpus={gpus} (tp x pp x cp x dp)")
+        return {**row, "num_gpus": str(gpus)}
     gpus = given.get("num_gpus", 0)
     if not blank or gpus < 1 or any(given[c] < 1 for c in ("tp", "pp") if c not in blank):
         return row
@@ -700,7 +764,9 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
             continue
         assumed: list[str] = []
         try:
-            row = fill_degrees(fill_from_catalog(row, assumed), assumed)
+            # Numbers as tables print them, before and after the catalog fills a blank seq_len (a batch in tokens).
+            row = normalise_numbers(fill_from_catalog(normalise_numbers(row, assumed), assumed), assumed)
+            row = fill_degrees(row, assumed)
             try:
                 published = _check_numbers(row)
             except NoStepTime as exc:

@@ -188,7 +188,9 @@ def test_other_products_do_not_resolve(spelling):
     ("1024 \u00d7 A100 40GB", "A100-40GB"), ("p5.48xlarge (8x H100 80GB)", "H100"), ("AWS p5 (H100)", "H100"),
     ("AWS p5.48xlarge", "H100"), ("p4d.24xlarge", "A100-40GB"), ("p4de.24xlarge", "A100-80GB"),
     ("a3-megagpu-8g", "H100"), ("Standard_ND96isr_H200_v5", "H200"), ("a4x-highgpu-4g", "GB200"),
-    ("GH200 480GB", "GH200-96GB"), ("GH200 624GB", "GH200"), ("A100 80GB (x8)", "A100-80GB")])
+    ("GH200 480GB", "GH200-96GB"), ("GH200 624GB", "GH200"), ("A100 80GB (x8)", "A100-80GB"),
+    ("Hopper H100", "H100"), ("NVIDIA Blackwell B200", "B200"), ("Blackwell Ultra GB300", "GB300"),
+    ("Ampere A100 40GB", "A100-40GB")])
 def test_system_descriptions_resolve_to_their_gpu(description, name):
     """A GPU named inside a system description: bracketed remarks, GPU counts and cloud instance types."""
     assert load_profile(description).name == name

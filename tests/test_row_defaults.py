@@ -236,3 +236,42 @@ def test_an_expert_parallelism_no_run_can_have_takes_the_largest_that_divides(tm
     assert _case(tmp_path, **qwen).plan.ep == 16
     # A dense model has no expert parallelism, whatever the column says.
     assert _case(tmp_path, ep="8").plan.ep == 1
+
+
+@pytest.mark.parametrize("upd, want, said", [
+    # Thousands separators, as tables print GPU counts and batches.
+    (dict(num_gpus="8,192"), dict(num_gpus=8192, global_batch=2048, seq_len=8192), None),
+    # k multiples of counts are binary: 8k tokens are 8,192, 16K GPUs 16,384 (dp 128).
+    (dict(seq_len="8k"), dict(num_gpus=8192, global_batch=2048, seq_len=8192), "seq_len=8192 (from '8k')"),
+    (dict(num_gpus="16K", dp="128", global_batch="4096"), dict(num_gpus=16384, global_batch=4096, seq_len=8192),
+     "num_gpus=16384 (from '16K')"),
+    # A batch in tokens (the Llama 3 paper's 16M): sequences of the row's length, the reading (binary or
+    # decimal M) that gives whole sequences.
+    (dict(global_batch="16M tokens"), dict(num_gpus=8192, global_batch=2048, seq_len=8192),
+     "global_batch=2048 sequences of 8192 tokens (from '16M tokens')"),
+    (dict(global_batch="16,777,216 tokens"), dict(num_gpus=8192, global_batch=2048, seq_len=8192),
+     "global_batch=2048 sequences of 8192 tokens (from '16,777,216 tokens')"),
+    (dict(global_batch="3.15M tokens", seq_len="2048", dp="64"), dict(num_gpus=8192, global_batch=1538, seq_len=2048),
+     "global_batch=1538 sequences of 2048 tokens (from '3.15M tokens')"),
+    # A blank GPU count where every degree is given is their product.
+    (dict(num_gpus=""), dict(num_gpus=8192, global_batch=2048, seq_len=8192), "num_gpus=8192 (tp x pp x cp x dp)"),
+])
+def test_numbers_as_tables_print_them(tmp_path, upd, want, said):
+    case = _case(tmp_path, **upd)
+    got = dict(num_gpus=case.plan.tp * case.plan.pp * case.plan.cp * case.plan.dp,
+               global_batch=case.plan.global_batch, seq_len=case.model.seq_len)
+    assert got == want
+    assert said is None or said in case.assumed, case.assumed
+
+
+@pytest.mark.parametrize("bad", ["1,5", "8 x 8", "many"])
+def test_a_number_no_table_convention_reads_stays_an_error(tmp_path, bad):
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "num_gpus": bad}]))
+    assert not cases and f"column 'num_gpus': expected a positive integer, got {bad!r}" in errors[0]["error"]
+
+
+@pytest.mark.parametrize("text, named", [("Megatron-LM v1.1", "megatron-lm-2020"), ("Megatron-LM v2.5", "megatron-lm-2021"),
+                                         ("Megatron-LM v3.0", "megatron-lm-2021"), ("Megatron-LM core_r0.9.0", "megatron-core"),
+                                         ("Megatron-LM 23.08", "megatron-core"), ("megatron-lm-v4.0", "megatron-core")])
+def test_megatron_lm_release_tags_name_their_generation(tmp_path, text, named):
+    assert _case(tmp_path, framework=text).plan.framework == named

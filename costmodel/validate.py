@@ -125,6 +125,8 @@ class Case:
     """The software release (container or framework version) the notes name; '' if unsaid."""
     vpp_known: bool = True
     """False where a pipelined run's row leaves its interleaving (vp) blank."""
+    micro_batch_known: bool = True
+    """False where a row leaves its micro-batch blank and the stack has no reason to run 1 (micro_batch_open)."""
 
 
 # How a numeric column says "not published" (read as blank).
@@ -796,10 +798,28 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
                            "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
             continue
+        mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
+        if not mbs_known:
+            assumed.remove("micro_batch=1 (Megatron default)")
         cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
                           release_of(row["source_id"], row.get("notes", "")),
-                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", "")))))
+                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known))
     return cases, errors
+
+
+def micro_batch_open(plan: ParallelPlan) -> bool:
+    """Whether an unpublished micro-batch is left to :func:`predict_case` (the fastest that fits) rather than
+    Megatron's 1: where weights are sharded (ZeRO-3, FSDP: every micro-batch gathers the weights again, so the
+    people who ran it would not split the per-rank batch without need) and on stacks other than Megatron without
+    a pipeline (PyTorch FSDP / DDP, DeepSpeed, torchtitan: a per-device batch, split only when it does not fit)."""
+    return plan.zero_stage == 3 or (plan.framework == "other" and plan.pp == 1)
+
+
+def micro_batch_options(plan: ParallelPlan) -> list[ParallelPlan]:
+    """The micro-batches an unpublished one may be (:func:`micro_batch_open`): every divisor of the per-rank
+    batch (global batch // dp), the whole of it the last."""
+    per_rank = max(1, plan.global_batch // plan.dp)
+    return [plan.model_copy(update={"micro_batch": b}) for b in range(1, per_rank + 1) if per_rank % b == 0]
 
 
 # Shares of the layers an unknown activation-memory setting may offload (recompute_options).
@@ -892,6 +912,9 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     published run was tuned by the people who ran it."""
     prof = profile or load_profile(case.cluster.gpu)
     layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, case.cluster.num_gpus)
+    interleaved = len(layouts) > 1
+    if not case.micro_batch_known:
+        layouts = [q for p in layouts for q in micro_batch_options(p)]
 
     def with_recompute(ps: list[ParallelPlan]) -> list[ParallelPlan]:
         return [q for p in ps for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
@@ -912,7 +935,10 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
                        f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
     if not case.recompute_known:
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
-    if len(layouts) > 1:
+    if not case.micro_batch_known:
+        assumed.append(f"micro_batch={plans[idx].micro_batch} (not published; the fastest that fits: "
+                       f"{'weights gathered per micro-batch' if case.plan.zero_stage == 3 else 'no pipeline'})")
+    if interleaved:
         assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
                       and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]
         assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
@@ -1040,7 +1066,7 @@ def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | N
 
     out = []
     for c in cases:
-        plan = c.plan if c.recompute_known and c.vpp_known else \
+        plan = c.plan if c.recompute_known and c.vpp_known and c.micro_batch_known else \
             predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out

@@ -275,3 +275,26 @@ def test_a_number_no_table_convention_reads_stays_an_error(tmp_path, bad):
                                          ("Megatron-LM 23.08", "megatron-core"), ("megatron-lm-v4.0", "megatron-core")])
 def test_megatron_lm_release_tags_name_their_generation(tmp_path, text, named):
     assert _case(tmp_path, framework=text).plan.framework == named
+
+
+def test_an_unpublished_micro_batch_of_a_sharded_or_unpipelined_other_stack_is_the_fastest_that_fits(tmp_path):
+    """FSDP / ZeRO-3 gathers the weights again for every micro-batch, and a stack other than Megatron without a
+    pipeline splits its per-device batch only when it does not fit, so a blank micro-batch there is the fastest
+    that fits, not Megatron's 1. OPT-175B's layout (metaseq FSDP + tp8 on 992 A100, 2M tokens per step, no
+    micro-batch published) was predicted at 14% MFU with micro-batch 1 (39 of its 51 s gathering weights)."""
+    opt = dict(ROW, model_name="OPT-175B", params_b="175", layers="96", hidden="12288", ffn_hidden="49152",
+               heads="96", kv_heads="", vocab="50272", seq_len="2048", gpu_type="A100-80GB", num_gpus="992", tp="8",
+               pp="1", cp="", dp="124", global_batch="1024", micro_batch="", zero_stage_or_distopt="FSDP",
+               framework="metaseq")
+    blank = _case(tmp_path, **opt)
+    assert not blank.micro_batch_known and not any(a.startswith("micro_batch=1 (Megatron") for a in blank.assumed)
+    got = predict_case(blank)
+    # 1024 // 124 = 8 sequences per rank: the whole of it, one micro-batch.
+    assert got["plan"].micro_batch == 8 and got["fits"]
+    assert "micro_batch=8 (not published; the fastest that fits: weights gathered per micro-batch)" in got["assumed"]
+    one = predict_case(_case(tmp_path, **{**opt, "micro_batch": "1"}))
+    assert one["plan"].micro_batch == 1 and one["predicted_step_time_s"] > 3 * got["predicted_step_time_s"]
+    # A pipelined Megatron run keeps Megatron's default.
+    megatron = _case(tmp_path, framework="megatron-core", micro_batch="")
+    assert megatron.micro_batch_known and megatron.plan.micro_batch == 1
+    assert "micro_batch=1 (Megatron default)" in megatron.assumed

@@ -530,16 +530,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         known = True
         assumed.append("recompute=full (Megatron-LM 2020 examples checkpoint activations)")
     z = (row.get("zero_stage_or_distopt") or "").strip().lower()
-    fsdp = ("fsdp" in z and "fsdp=0" not in z) or "hsdp" in z or "hybrid shard" in z or "hybrid_shard" in z
-    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z)
-    zstage = int(zm.group(1)) if zm else None
-    # PyTorch FSDP's sharding strategies: FULL_SHARD shards parameters (ZeRO-3), SHARD_GRAD_OP gradients and
-    # optimizer states (ZeRO-2), NO_SHARD nothing (DDP).
-    if zstage is None and re.search(r"full[-_ ]shard", z):
-        zstage = 3
-    elif zstage is None and re.search(r"shard[-_ ]grad[-_ ]op", z):
-        zstage = 2
-    fsdp = fsdp or zstage == 3
+    fsdp, zstage = sharding_named(z)
     distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
         or "distopt" in z or "dist-opt" in z
     if framework == "other" and (z == "" or (z in _ABSENT and z != "none")):
@@ -556,6 +547,31 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
     return plan, known
+
+
+def sharding_named(z: str) -> tuple[bool, int | None]:
+    """(weights sharded, ZeRO stage or None) a sharding column names, lower-cased: 'ZeRO-2', 'ZeRO stage 2',
+    'zero_optimization stage 1', 'ZeRO (stage 1)', '3'; DeepSpeed's ZeRO without a stage is stage 1 (its
+    ZeRO-DP default in Megatron-DeepSpeed), ZeRO++ and ZeRO-Infinity stage 3, ZeRO-Offload stage 2; PyTorch
+    FSDP's strategies FULL_SHARD (and HYBRID_SHARD / HSDP, modelled as FULL_SHARD) shard the weights,
+    SHARD_GRAD_OP gradients and optimizer states (ZeRO-2), NO_SHARD nothing (DDP)."""
+    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z) \
+        or (re.search(r"zero", z) and re.search(r"stage[-_ =:]*([0-3])", z))
+    zstage = int(zm.group(1)) if zm else None
+    if zstage is None and re.search(r"no[-_ ]shard", z):
+        return False, 0
+    if zstage is None and re.search(r"shard[-_ ]grad[-_ ]op", z):
+        return False, 2
+    if zstage is None and re.search(r"full[-_ ]shard", z):
+        zstage = 3
+    if zstage is None and re.search(r"zero(\+\+|[-_ ]?infinity)", z):
+        zstage = 3
+    elif zstage is None and re.search(r"zero[-_ ]?offload", z):
+        zstage = 2
+    elif zstage is None and re.search(r"(?<![a-z])zero(?![a-z])", z):
+        zstage = 1
+    fsdp = ("fsdp" in z and "fsdp=0" not in z) or "hsdp" in z or "hybrid shard" in z or "hybrid_shard" in z
+    return (fsdp and zstage in (None, 3)) or zstage == 3, zstage
 
 
 _YES = ("true", "yes", "y", "1", "on", "enabled")

@@ -298,3 +298,15 @@ def test_an_unpublished_micro_batch_of_a_sharded_or_unpipelined_other_stack_is_t
     megatron = _case(tmp_path, framework="megatron-core", micro_batch="")
     assert megatron.micro_batch_known and megatron.plan.micro_batch == 1
     assert "micro_batch=1 (Megatron default)" in megatron.assumed
+
+
+@pytest.mark.parametrize("text, zero", [
+    ("ZeRO", 1), ("DeepSpeed ZeRO", 1), ("ZeRO (stage 1)", 1), ("zero_optimization stage 1", 1), ("ZeRO stage-2", 2),
+    ("ZeRO-Offload", 2), ("ZeRO++", 3), ("ZeRO-Infinity", 3), ("FSDP SHARD_GRAD_OP", 2), ("FSDP NO_SHARD", 0),
+    ("FSDP FULL_SHARD", 3), ("FSDP", 3), ("ZeRO-3 + CPU offload", 3)])
+def test_sharding_spellings_of_other_stacks(tmp_path, text, zero):
+    # pp 1 so that every stage is possible (ZeRO-2/3 and FSDP need no pipeline); 8B on 64 H100, 4 sequences per rank.
+    case = _case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="", heads="", kv_heads="",
+                 vocab="", num_gpus="64", tp="1", pp="1", dp="64", global_batch="256", micro_batch="4",
+                 zero_stage_or_distopt=text, framework="DeepSpeed")
+    assert case.plan.zero_stage == zero

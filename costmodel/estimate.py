@@ -48,6 +48,10 @@ FRAMEWORK = {
     # Megatron features (Megatron-LM --tp-comm-overlap, --overlap-p2p-communication), nor its fused
     # cross-entropy.
     "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False},
+    # The same stacks up to 2022: attention unfused (softmax, mask and dropout through HBM on the s x s scores), as
+    # Megatron-LM's own 2020-2022 generations run it. FlashAttention appeared in May 2022 (Dao et al.,
+    # arXiv:2205.14135) and reached them later (PyTorch 2.0's scaled_dot_product_attention, March 2023).
+    "other-2022": {"tp_exposed": 1.0, "dp_overlap": True, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
 }
 # Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
 STEP_OVERHEAD_S = 0.02
@@ -513,7 +517,7 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)
     p.fsdp = col(p.zero >= 3)
-    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other") else (
+    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other", "other-2022") else (
         memory.GRAD_BYTES_FP16_MEGATRON_LM_2020 if model.precision == "fp16" and c.framework == "megatron-lm-2020"
         else memory.GRAD_BYTES)
     p.grad_b = max(grad_b, c.eb)

@@ -210,9 +210,25 @@ _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairsc
 
 def framework_of(row: dict, assumed: list[str]) -> str:
     """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
-    megatron-lm-2020, paxml, other). A row that leaves it empty, or a CSV without the column (the schema of
-    data/validation/published_runs.csv before it had one), gets the framework its notes name
-    (:func:`framework_from_notes`), and the row says so."""
+    megatron-lm-2020, paxml, other, other-2022). A row that leaves it empty, or a CSV without the column (the
+    schema of data/validation/published_runs.csv before it had one), gets the framework its notes name
+    (:func:`framework_from_notes`), and the row says so. A stack other than Megatron whose row names no year
+    after 2022 (source id, notes, framework column) and at least one up to 2022 is ``other-2022``: it ran
+    before FlashAttention reached such stacks."""
+    said = len(assumed)
+    fw = _framework_as_named(row, assumed)
+    text = " ".join(row.get(c) or "" for c in ("source_id", "notes", "framework"))
+    years = [int(y) for y in re.findall(r"(?<!\d)(20[012]\d)(?!\d)", text)]
+    if fw == "other" and years and max(years) <= 2022:
+        del assumed[said:]
+        raw = (row.get("framework") or "").strip()
+        assumed.append(f"framework=other-2022 ({raw or 'the notes'!r}: a stack other than Megatron, in "
+                       f"{max(years)}: attention unfused, no sequence parallelism)")
+        return "other-2022"
+    return fw
+
+
+def _framework_as_named(row: dict, assumed: list[str]) -> str:
     raw = (row.get("framework") or "").strip()
     fw = raw.lower()
     if fw == "":
@@ -515,7 +531,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         # Tensor parallelism without sequence parallelism is Megatron-LM before 2022 (its own frameworks here);
         # megatron-core turns it on with tp (Megatron-Bridge recipes) and other stacks shard the norms'
         # activations the same way (torchtitan's tensor-parallel plan, MegaScale on Megatron-LM).
-        sp = framework in ("megatron-core", "other") and tp > 1
+        sp = framework in ("megatron-core", "other") and tp > 1   # other-2022: before sequence parallelism
         assumed.append(f"sequence_parallel={sp}")
     rc_text = (row.get("recompute") or "").strip().lower()
     rc_raw = recompute_named(rc_text)
@@ -533,7 +549,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     fsdp, zstage = sharding_named(z)
     distopt = framework in ("megatron-core", "paxml") or bool(zstage) or "distributed optim" in z \
         or "distopt" in z or "dist-opt" in z
-    if framework == "other" and (z == "" or (z in _ABSENT and z != "none")):
+    if framework.startswith("other") and (z == "" or (z in _ABSENT and z != "none")):
         # A stack other than Megatron that names no sharding shards at least the optimizer state (DeepSpeed
         # ZeRO-1, PyTorch FSDP, MaxText): unsharded Adam state is 12 bytes per parameter on every rank.
         distopt = True
@@ -828,7 +844,7 @@ def micro_batch_open(plan: ParallelPlan) -> bool:
     Megatron's 1: where weights are sharded (ZeRO-3, FSDP: every micro-batch gathers the weights again, so the
     people who ran it would not split the per-rank batch without need) and on stacks other than Megatron without
     a pipeline (PyTorch FSDP / DDP, DeepSpeed, torchtitan: a per-device batch, split only when it does not fit)."""
-    return plan.zero_stage == 3 or (plan.framework == "other" and plan.pp == 1)
+    return plan.zero_stage == 3 or (plan.framework.startswith("other") and plan.pp == 1)
 
 
 def micro_batch_options(plan: ParallelPlan) -> list[ParallelPlan]:

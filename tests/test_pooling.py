@@ -127,8 +127,8 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
     assert framework_of({"framework": "Megatron-LM", "source_id": "X", "notes": "mcore 0.12"}, []) == "megatron-core"
     said = []
     assert framework_of({"framework": "JAX"}, said) == "other" and said == [
-        "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other: "
-        "modelled as a stack without Megatron's overlaps)"]
+        "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other, "
+        "other-2022: modelled as a stack without Megatron's overlaps)"]
     # A copy of the data without the column predicts every row the same.
     head = [c for c in rows[0] if c != "framework"]
     path = tmp_path / "no_framework.csv"

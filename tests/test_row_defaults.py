@@ -270,9 +270,10 @@ def test_a_number_no_table_convention_reads_stays_an_error(tmp_path, bad):
     assert not cases and f"column 'num_gpus': expected a positive integer, got {bad!r}" in errors[0]["error"]
 
 
-@pytest.mark.parametrize("text, named", [("Megatron-LM v1.1", "megatron-lm-2020"), ("Megatron-LM v2.5", "megatron-lm-2021"),
-                                         ("Megatron-LM v3.0", "megatron-lm-2021"), ("Megatron-LM core_r0.9.0", "megatron-core"),
-                                         ("Megatron-LM 23.08", "megatron-core"), ("megatron-lm-v4.0", "megatron-core")])
+@pytest.mark.parametrize("text, named", [
+    ("Megatron-LM v1.1", "megatron-lm-2020"), ("Megatron-LM v2.5", "megatron-lm-2021"),
+    ("Megatron-LM v3.0", "megatron-lm-2021"), ("Megatron-LM core_r0.9.0", "megatron-core"),
+    ("Megatron-LM 23.08", "megatron-core"), ("megatron-lm-v4.0", "megatron-core")])
 def test_megatron_lm_release_tags_name_their_generation(tmp_path, text, named):
     assert _case(tmp_path, framework=text).plan.framework == named
 
@@ -310,3 +311,23 @@ def test_sharding_spellings_of_other_stacks(tmp_path, text, zero):
                  vocab="", num_gpus="64", tp="1", pp="1", dp="64", global_batch="256", micro_batch="4",
                  zero_stage_or_distopt=text, framework="DeepSpeed")
     assert case.plan.zero_stage == zero
+
+
+def test_a_non_megatron_stack_of_2022_or_before_runs_attention_unfused(tmp_path):
+    """GPT-NeoX-20B's layout (tp2 pp4 on 96 A100-40GB, 2022): a stack other than Megatron whose row names 2022
+    ran before FlashAttention reached it, so its attention goes through HBM as Megatron-LM's 2021 generation
+    runs it, without sequence parallelism; the same row naming 2023 keeps flash attention."""
+    neox = dict(ROW, model_name="GPT-NeoX-20B", params_b="20", layers="44", hidden="6144", ffn_hidden="24576",
+                heads="64", kv_heads="", vocab="50432", seq_len="2048", gpu_type="A100-40GB", num_gpus="96", tp="2",
+                pp="4", cp="", dp="12", global_batch="1536", micro_batch="4", zero_stage_or_distopt="ZeRO-1",
+                framework="gpt-neox", source_id="BLACK2022")
+    old = _case(tmp_path, **neox)
+    assert old.plan.framework == "other-2022" and not old.plan.sequence_parallel
+    assert "framework=other-2022 ('gpt-neox': a stack other than Megatron, in 2022: attention unfused, no " \
+           "sequence parallelism)" in old.assumed
+    new = _case(tmp_path, **{**neox, "source_id": "X", "notes": "rerun 2022 layout in 2023"})
+    assert new.plan.framework == "other" and new.plan.sequence_parallel
+    slow, fast = predict_case(old)["predicted_step_time_s"], predict_case(new)["predicted_step_time_s"]
+    assert slow > 1.2 * fast
+    # A Megatron row keeps its own generation whatever the year.
+    assert _case(tmp_path, **{**neox, "framework": "megatron-core"}).plan.framework == "megatron-core"

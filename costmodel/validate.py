@@ -634,7 +634,9 @@ def recompute_named(text: str) -> str:
         return "offload"
     if "selective" in text or "core attn" in text or "core_attn" in text or re.search(r"\bsac\b|op[- ]level", text):
         return "selective"      # torchtitan's selective activation checkpointing: 'SAC', 'op-level'
-    if text in _YES or re.search(r"full|checkpoint|uniform|block|partial|recompute|\bac\b", text):
+    # 'activation recomputation', JAX's 'remat', DeepSpeed's 'partition activations' (of checkpointed layers).
+    if text in _YES or re.search(r"full|checkpoint|uniform|block|partial|recomput|remat|partition[-_ ]activ|\bac\b",
+                                 text):
         return "full"
     return text
 

@@ -150,7 +150,9 @@ def test_a_published_size_decides_a_gated_mlp_the_name_does_not_name(tmp_path):
 
 @pytest.mark.parametrize("text, named", [("AC", "full"), ("full AC", "full"), ("SAC", "selective"),
                                          ("op-level SAC", "selective"), ("Selective AC", "selective"),
-                                         ("activation checkpointing", "full"), ("off", "none")])
+                                         ("activation checkpointing", "full"), ("off", "none"),
+                                         ("activation recomputation", "full"), ("partition activations", "full"),
+                                         ("remat", "full")])
 def test_recompute_spellings_of_other_stacks(tmp_path, text, named):
     # torchtitan's names: full activation checkpointing 'AC', selective 'SAC' (op-level); before, 'AC' and 'SAC'
     # were read as unknown and took the fastest setting that fits.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -964,6 +964,17 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
                           nan=-np.inf).max(axis=1)
     fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value) & out["host_fits"]
     idx = _fastest_fitting(fits, out["step_time_s"], len(base))
+    if not fits[idx] and case.plan.framework == "other-2022":
+        # The run ran: a layout that cannot hold the unfused attention's scores (or, where the row leaves it
+        # open, activations without sequence parallelism) had a memory-efficient kernel (and sequence parallelism).
+        sp = case.plan.sequence_parallel or ("sequence_parallel=False" in case.assumed and case.plan.tp > 1)
+        fused = replace(case, plan=case.plan.model_copy(update={"framework": "other", "sequence_parallel": sp}),
+                        assumed=[a for a in case.assumed if a != "sequence_parallel=False"])
+        got = predict_case(fused, profile)
+        if got["fits"]:
+            got["assumed"].append(f"framework=other (the published layout fits only with memory-efficient attention"
+                                  f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
+            return got
     if fits[idx] and not out["fits"][idx]:
         assumed.append(f"peak memory {peaks[idx] / 1e9:.1f} GB is above the planner's usable "
                        f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")

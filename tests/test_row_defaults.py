@@ -333,3 +333,21 @@ def test_a_non_megatron_stack_of_2022_or_before_runs_attention_unfused(tmp_path)
     assert slow > 1.2 * fast
     # A Megatron row keeps its own generation whatever the year.
     assert _case(tmp_path, **{**neox, "framework": "megatron-core"}).plan.framework == "megatron-core"
+
+
+def test_a_2022_layout_that_fits_only_with_memory_efficient_attention_had_it(tmp_path):
+    """BLOOM-176B's layout (tp4 pp12 dp8, micro-batch 2 on 384 A100-80GB) written with no recomputation: unfused
+    attention scores and activations without sequence parallelism would need 169 GB, so the run that ran had a
+    memory-efficient kernel; it is priced as framework other, as a row naming no year would be."""
+    bloom = dict(ROW, model_name="BLOOM-176B", params_b="176", layers="70", hidden="14336", ffn_hidden="57344",
+                 heads="112", kv_heads="", vocab="250880", seq_len="2048", gpu_type="A100-80GB", num_gpus="384",
+                 tp="4", pp="12", cp="", dp="8", global_batch="2048", micro_batch="2", recompute="none",
+                 zero_stage_or_distopt="ZeRO-1", framework="Megatron-DeepSpeed", source_id="BLOOM2022")
+    case = _case(tmp_path, **bloom)
+    assert case.plan.framework == "other-2022"
+    got = predict_case(case)
+    assert got["fits"] and got["plan"].framework == "other" and got["plan"].sequence_parallel
+    assert "framework=other (the published layout fits only with memory-efficient attention and sequence " \
+           "parallelism)" in got["assumed"]
+    undated = predict_case(_case(tmp_path, **{**bloom, "source_id": "BLOOM"}))
+    assert got["predicted_step_time_s"] == pytest.approx(undated["predicted_step_time_s"])

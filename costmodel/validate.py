@@ -200,6 +200,36 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
         raw = (row.get(col) or "").strip()
         if _num(raw) is None and _GROUPED.fullmatch(raw):
             out[col] = raw.replace(",", "")
+    return _values_with_units(out, assumed)
+
+
+# A measured figure written with its unit ("3.2 s", "450 ms", "3,100 tokens/s/GPU", "12.3k tok/s"): the number
+# (a k / M multiple of a measured figure is decimal), then the unit.
+_QUANTITY = re.compile(r"(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d*\.?\d+(?:e[-+]?\d+)?)\s*([kKM](?![a-z]))?\s*(\S.*)?",
+                       re.I)
+
+
+def _values_with_units(row: dict, assumed: list[str]) -> dict:
+    """The row with a step time or measured value that carries its unit written as the number alone: a
+    step_time_s of "3200 ms" is 3.2 (seconds), a measured_value of "3,100 tokens/s/GPU" is 3100 with the unit
+    joined to a measured_metric that does not name one itself ("throughput" -> "throughput tokens/s/GPU")."""
+    out = dict(row)
+    raw = (row.get("step_time_s") or "").strip()
+    m = _QUANTITY.fullmatch(raw) if _num(raw) is None else None
+    unit = (m.group(3) or "").strip().lower() if m and not m.group(2) else None
+    if unit in ("s", "sec", "secs", "second", "seconds", "ms", "msec", "milliseconds"):
+        x = float(m.group(1).replace(",", "")) / (1e3 if unit.startswith("m") else 1.0)
+        out["step_time_s"] = repr(x)
+        assumed.append(f"step_time_s={x:g} (from {raw!r})")
+    raw = (row.get("measured_value") or "").strip()
+    m = _QUANTITY.fullmatch(raw) if _num(raw) is None else None
+    if m and (m.group(2) or m.group(3)):
+        x = float(m.group(1).replace(",", "")) * {"k": 1e3, "m": 1e6}.get((m.group(2) or "").lower(), 1.0)
+        metric = (row.get("measured_metric") or "").strip()
+        if m.group(3) and not metric_named(metric):
+            metric = f"{metric} {m.group(3).strip()}".strip()
+        out["measured_value"], out["measured_metric"] = repr(x), metric
+        assumed.append(f"measured_value={x:g} {metric} (from {raw!r})".replace("  ", " "))
     return out
 
 

@@ -351,3 +351,24 @@ def test_a_2022_layout_that_fits_only_with_memory_efficient_attention_had_it(tmp
            "parallelism)" in got["assumed"]
     undated = predict_case(_case(tmp_path, **{**bloom, "source_id": "BLOOM"}))
     assert got["predicted_step_time_s"] == pytest.approx(undated["predicted_step_time_s"])
+
+
+@pytest.mark.parametrize("upd, step_s", [
+    (dict(step_time_s="3.2 s"), 3.2), (dict(step_time_s="3200 ms"), 3.2), (dict(step_time_s="3.2s"), 3.2),
+    # The unit in the value cell, where the metric column names none (row: 2048 x 8192 tokens on 8192 GPUs).
+    (dict(step_time_s="", measured_metric="throughput", measured_value="1,024 tokens/s/GPU"), 2.0),
+    (dict(step_time_s="", measured_metric="Iteration time", measured_value="1500 ms"), 1.5),
+    (dict(step_time_s="", measured_metric="tokens/s/GPU", measured_value="2.048k"), 1.0),
+    (dict(step_time_s="", measured_metric="throughput", measured_value="8.388608M tokens/s"), 2.0)])
+def test_a_measured_figure_written_with_its_unit(tmp_path, upd, step_s):
+    case = _case(tmp_path, **upd)
+    assert case.published_step_time_s == pytest.approx(step_s)
+    raw = upd["step_time_s"] or upd["measured_value"]
+    assert any(note.endswith(f"(from {raw!r})") for note in case.assumed), case.assumed
+
+
+@pytest.mark.parametrize("upd", [dict(step_time_s="3.2 parsecs"), dict(step_time_s="", measured_metric="MFU",
+                                                                        measured_value="40 %")])
+def test_a_figure_with_a_unit_that_gives_no_step_time_stays_an_error(tmp_path, upd):
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, **upd}]))
+    assert not cases and "step_time_s" in errors[0]["error"], errors

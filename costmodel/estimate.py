@@ -216,6 +216,14 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     c.ep_k, c.ep_N = comm.group_span(etp, ep, D)
     c.edp = np.maximum(tp * cp * dp / (ep * etp), 1.0)
     c.edp_k, c.edp_N = comm.group_span(ep * etp, c.edp, D)
+    # Sharded state (distributed optimizer, Megatron-FSDP / HSDP): over ``sh`` neighbouring dp x cp ranks
+    # (``sh_e`` expert data-parallel ranks), replicated ``R`` times (dist_opt_instances; 1: over all of them).
+    c.R = R = a.dist_opt_instances
+    c.sh, c.sh_e = c.dp_size / R, np.maximum(c.edp / R, 1.0)
+    c.sh_k, c.sh_N = comm.group_span(tp, c.sh, D)
+    c.rep_k, c.rep_N = comm.group_span(tp * c.sh, R, D)
+    c.sh_e_k, c.sh_e_N = comm.group_span(ep * etp, c.sh_e, D)
+    c.rep_e_k, c.rep_e_N = comm.group_span(ep * etp * c.sh_e, R, D)
     c.pp_k, c.pp_N = comm.group_span(tp * cp * dp, pp, D)
     return c
 
@@ -521,8 +529,8 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
         memory.GRAD_BYTES_FP16_MEGATRON_LM_2020 if model.precision == "fp16" and c.framework == "megatron-lm-2020"
         else memory.GRAD_BYTES)
     p.grad_b = max(grad_b, c.eb)
-    p.shard = np.where(p.dist, col(c.dp_size), 1.0)
-    p.shard_e = np.where(p.dist, col(c.edp), 1.0)
+    p.shard = np.where(p.dist, col(c.sh), 1.0)
+    p.shard_e = np.where(p.dist, col(c.sh_e), 1.0)
     return p
 
 
@@ -548,31 +556,46 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     def coll(kind, params, nbytes, group, k, N):
         return comm.collective_time_s(prof, cluster, kind, params * nbytes, col(group), col(k), col(N))
 
-    rs_d = coll("reduce_scatter", p_dense_stage, wire_b, dp_size, dp_k, dp_N)
+    # Sharded gathers and reduces run inside a replica's shard group; the replicas then all-reduce their
+    # gradient shards (none with one replica). Without sharding (DDP) the gradients all-reduce over dp x cp.
+    sh, sh_e, R = col(c.sh), col(c.sh_e), col(c.R)
+    groups = {"dense": (col(c.sh), col(c.sh_k), col(c.sh_N)), "expert": (sh_e, col(c.sh_e_k), col(c.sh_e_N)),
+              "dense_ddp": (col(dp_size), col(dp_k), col(dp_N)), "expert_ddp": (col(edp), col(edp_k), col(edp_N)),
+              "dense_rep": (R, col(c.rep_k), col(c.rep_N)), "expert_rep": (R, col(c.rep_e_k), col(c.rep_e_N))}
+    rs_d = coll("reduce_scatter", p_dense_stage, wire_b, c.sh, c.sh_k, c.sh_N)
     ar_d = coll("all_reduce", p_dense_stage, wire_b, dp_size, dp_k, dp_N)
-    ag_d = coll("all_gather", p_dense_stage, c.eb, dp_size, dp_k, dp_N)
-    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, edp, edp_k, edp_N)
+    ag_d = coll("all_gather", p_dense_stage, c.eb, c.sh, c.sh_k, c.sh_N)
+    rep_d = coll("all_reduce", p_dense_stage / sh, wire_b, c.R, c.rep_k, c.rep_N)
+    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, c.sh_e, c.sh_e_k, c.sh_e_N)
     ar_e = coll("all_reduce", p_exp_stage, wire_b, edp, edp_k, edp_N)
-    ag_e = coll("all_gather", p_exp_stage, c.eb, edp, edp_k, edp_N)
+    ag_e = coll("all_gather", p_exp_stage, c.eb, c.sh_e, c.sh_e_k, c.sh_e_N)
+    rep_e = coll("all_reduce", p_exp_stage / sh_e, wire_b, c.R, c.rep_e_k, c.rep_e_N)
 
-    def latency(kind, count_d, count_e):
-        return (_bucket_latency(c, kind, p_dense_stage, col(dp_size), col(dp_k), col(dp_N), count_d)
-                + _bucket_latency(c, kind, p_exp_stage, col(edp), col(edp_k), col(edp_N), count_e))
+    def latency(kind, count_d, count_e, where=""):
+        return (_bucket_latency(c, kind, p_dense_stage / (sh if where == "_rep" else 1.0),
+                                *groups["dense" + where], count_d)
+                + _bucket_latency(c, kind, p_exp_stage / (sh_e if where == "_rep" else 1.0),
+                                  *groups["expert" + where], count_e))
 
     nb_d = scale.ddp_buckets(p_dense_stage, col(dp_size))
     nb_e = scale.ddp_buckets(p_exp_stage, col(edp))
-    lat = {k: latency(k, nb_d, nb_e) for k in ("reduce_scatter", "all_reduce", "all_gather")}
+    lat = {k: latency(k, nb_d, nb_e) for k in ("reduce_scatter", "all_gather")}
+    lat["all_reduce"] = latency("all_reduce", nb_d, nb_e, "_ddp")
+    lat["replicas"] = latency("all_reduce", nb_d, nb_e, "_rep")
     # Megatron-FSDP: one gather / reduce per layer (its unit) and micro-batch, dense and expert groups apart.
     lat_fsdp = {k: latency(k, SL, SL) for k in ("reduce_scatter", "all_gather")}
+    lat_fsdp["replicas"] = latency("all_reduce", SL, SL, "_rep")
     dist, fsdp = p.dist, p.fsdp
     t = SimpleNamespace()
     # Frozen (LoRA) weights have no gradients to reduce and, unchanged, none to gather after the step.
     w = c.wgrad
-    t.grad_sync = w * np.where(dist, rs_d + rs_e + lat["reduce_scatter"], ar_d + ar_e + lat["all_reduce"])
+    t.grad_sync = w * np.where(dist, rs_d + rs_e + lat["reduce_scatter"] + rep_d + rep_e + lat["replicas"],
+                               ar_d + ar_e + lat["all_reduce"])
     t.param_sync = w * np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
-    # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
-    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + w * (rs_d + rs_e
-                                                                             + lat_fsdp["reduce_scatter"]))
+    # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads (HSDP: and
+    # all-reduces the shards over the replicas, as PyTorch FSDP does in every backward it syncs).
+    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"])
+                            + w * (rs_d + rs_e + lat_fsdp["reduce_scatter"] + rep_d + rep_e + lat_fsdp["replicas"]))
     stage_f, stage_b, vpp = st.stage_f, st.stage_b, c.vpp
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
@@ -645,10 +668,10 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_dense_stage, p_exp_stage, grad_b, fsdp, zero = p.dense, p.expert, p.grad_b, p.fsdp, p.zero
     p_stage = p_dense_stage + p_exp_stage
-    mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.dp_size) + p_exp_stage * w_bytes / col(c.edp),
+    mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.sh) + p_exp_stage * w_bytes / col(c.sh_e),
                            p_stage * w_bytes)
-    mem.grads = c.wgrad * np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.dp_size)
-                                   + p_exp_stage * grad_b / col(c.edp), p_stage * grad_b)
+    mem.grads = c.wgrad * np.where(col(zero >= 2), p_dense_stage * grad_b / col(c.sh)
+                                   + p_exp_stage * grad_b / col(c.sh_e), p_stage * grad_b)
     if c.grad_compression is not None:
         mem.grads = mem.grads + c.wgrad * p_stage * c.grad_compression.residual_bytes_per_element
     mem.optim = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard

@@ -105,6 +105,11 @@ class ParallelPlan(FrozenSpec):
     """Megatron distributed optimizer (ZeRO-1 style optimizer-state sharding over dp x cp)."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)."""
+    dist_opt_instances: Count = 1
+    """Replicas of the sharded data-parallel state (megatron-core --num-distributed-optimizer-instances; HSDP /
+    FSDP HYBRID_SHARD's replicate degree): optimizer states (and with zero_stage 2 / 3 gradients / weights) are
+    sharded over dp x cp / dist_opt_instances neighbouring ranks and replicated this many times, the replicas
+    all-reducing their gradient shards; 1 = sharded over all of dp x cp."""
     layers_per_stage: tuple[int, ...] | None = None
     """Transformer layers on each pipeline stage (uneven splits); None = even split."""
     rank_order: str = "tp-cp-ep-dp-pp"
@@ -153,6 +158,7 @@ class PlanArrays:
     recompute_layers: np.ndarray
     distributed_optimizer: np.ndarray
     zero_stage: np.ndarray
+    dist_opt_instances: np.ndarray
     stage_layers: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -166,7 +172,8 @@ class PlanArrays:
     def from_columns(cls, n: int | None = None, **cols) -> PlanArrays:
         n = n or max(np.size(v) for v in cols.values())
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
-                        recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1)
+                        recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1,
+                        dist_opt_instances=1)
         out = {}
         for f in fields(cls):
             if f.name == "stage_layers":
@@ -181,7 +188,7 @@ class PlanArrays:
     def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
         cols = {name: [getattr(p, name) for p in plans] for name in
                 ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
-                 "distributed_optimizer", "zero_stage")}
+                 "distributed_optimizer", "zero_stage", "dist_opt_instances")}
         cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
         cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
         cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
@@ -207,7 +214,8 @@ class PlanArrays:
                             global_batch=int(self.global_batch[i]), recompute=RECOMPUTE_NAMES[int(self.recompute[i])],
                             recompute_layers=None if rl < 0 else int(rl),
                             distributed_optimizer=bool(self.distributed_optimizer[i]),
-                            zero_stage=int(self.zero_stage[i]))
+                            zero_stage=int(self.zero_stage[i]),
+                            dist_opt_instances=int(self.dist_opt_instances[i]))
         sl = self.stage_layers
         if split and sl is not None and not np.isnan(sl[i, 0]):
             plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})

@@ -627,7 +627,7 @@ def _recompute_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     return out
 
 
-def _optimizer_violations(plan: ParallelPlan) -> list[str]:
+def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     # Planner consistency: Megatron's distributed optimizer *is* ZeRO-1 (optimizer-state
     # sharding over dp x cp); ZeRO-2/3 are Megatron-FSDP's optim_grads / optim_grads_params.
     if plan.distributed_optimizer and plan.zero_stage == 0:
@@ -635,6 +635,21 @@ def _optimizer_violations(plan: ParallelPlan) -> list[str]:
             "distributed_optimizer=True shards optimizer states (ZeRO-1) but zero_stage=0; "
             "valid: zero_stage in 1, 2, 3, or distributed_optimizer=False"
         ]
+    r = plan.dist_opt_instances
+    if r == 1:
+        return []
+    if plan.zero_stage == 0 and not plan.distributed_optimizer:
+        return [f"dist_opt_instances={r} replicates a sharded optimizer state but nothing is sharded "
+                "(zero_stage=0, distributed_optimizer=False); valid: dist_opt_instances=1, or zero_stage 1, 2 or 3"]
+    # megatron-core parallel_state.initialize_model_parallel: "data_parallel_size * context_parallel_size
+    # must be divisible by num_distributed_optimizer_instances", and the expert data-parallel size likewise.
+    dp_cp = plan.dp * plan.cp
+    edp = plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp) if model.is_moe else dp_cp
+    if dp_cp % r or edp % r:
+        what = (f"dp={plan.dp} * cp={plan.cp} = {dp_cp}" + (f" and the expert data-parallel size {edp}"
+                                                          if model.is_moe else ""))
+        return [f"dist_opt_instances={r} does not divide {what}; valid dist_opt_instances: "
+                f"{_fmt(common_divisors(dp_cp, edp))}"]
     return []
 
 
@@ -706,7 +721,7 @@ def violations(
             out.append(rule.message(model, cols, num_gpus, kv_head_replication))
     out += _layers_per_stage_violations(model, plan)
     out += _recompute_violations(model, plan)
-    out += _optimizer_violations(plan)
+    out += _optimizer_violations(model, plan)
     out += _rank_order_violations(model, plan)
     return out
 

@@ -299,7 +299,9 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
                             sequence_parallel=a.flag("sequence_parallel"),
                             micro_batch=a.int("micro_batch_size", required=True), global_batch=gbs,
                             recompute=recompute, recompute_layers=layers, distributed_optimizer=zero >= 1,
-                            zero_stage=zero, layers_per_stage=framework_split(model.layers, pp, max(vpp, 1)))
+                            zero_stage=zero, layers_per_stage=framework_split(model.layers, pp, max(vpp, 1)),
+                            dist_opt_instances=(a.int("num_distributed_optimizer_instances", default=1) or 1)
+                            if zero >= 1 else 1)
     except ValidationError as exc:
         e = exc.errors()[0]
         raise InputError(f"{a.source}: layout field '{'.'.join(map(str, e['loc']))}': {e['msg']}") from None

@@ -584,6 +584,9 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         # ZeRO-1, PyTorch FSDP, MaxText): unsharded Adam state is 12 bytes per parameter on every rank.
         distopt = True
         assumed.append("zero_stage=1 (not published; optimizer state sharded over data parallelism)")
+    instances = shard_replicas(z, (row.get("notes") or "").lower(), tp, dp * cp,
+                               tp * cp * dp // ep if model.is_moe else dp * cp,
+                               _int(row.get("gpus_per_node", "")) or 8, assumed) if distopt or fsdp or zstage else 1
     split = framework_split(model.layers, pp, vp)
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
@@ -591,8 +594,44 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
                         global_batch=gbs, recompute=recompute, recompute_layers=recompute_layers,
                         distributed_optimizer=distopt or fsdp,
-                        zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split)
+                        zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
+                        dist_opt_instances=instances)
     return plan, known
+
+
+_REPLICAS = re.compile(r"(?:num[-_ ]distributed[-_ ]optimizer[-_ ]instances|optimizer[-_ ]instances|dp[-_ ]?replicate"
+                       r"|data[-_ ]parallel[-_ ]replicate[-_ ]degree|replicate[-_ ]degree|replicas?)\s*[=:]?\s*(\d+)"
+                       r"|(\d+)\s*(?:replicas|optimizer instances)")
+_SHARD_GROUP = re.compile(r"(?:dp[-_ ]?shard|data[-_ ]parallel[-_ ]shard[-_ ]degree|shard(?:ing)?[-_ ](?:group|degree|size)"
+                          r"(?: of)?)\s*[=:]?\s*(\d+)|(\d+)[-_ ]way (?:hsdp|hybrid|shard)")
+
+
+def shard_replicas(z: str, notes: str, tp: int, dp_cp: int, edp: int, gpus_per_node: int, assumed: list[str]) -> int:
+    """Replicas of the sharded data-parallel state (ParallelPlan.dist_opt_instances) a row's sharding column or
+    notes name, lower-cased: megatron-core's 'num-distributed-optimizer-instances 4', torchtitan's 'dp_replicate=4'
+    / 'dp_shard=8', 'shard group of 8', '8-way HSDP'; HSDP or HYBRID_SHARD without a size shards within a node
+    (PyTorch FSDP's default hybrid process groups: intra-node shard, inter-node replicate), the dp x cp ranks of
+    ``gpus_per_node`` / ``tp`` GPUs. It divides dp x cp and the expert data-parallel size (megatron-core's
+    initialize_model_parallel asserts both): else the largest replica count up to it that does, said in
+    ``assumed``. 1 where none is named (sharded over all of dp x cp)."""
+    text = f"{z} {notes}"
+    m_rep, m_sh = _REPLICAS.search(text), _SHARD_GROUP.search(text)
+    hybrid = re.search(r"hsdp|hybrid[-_ ]shard", text)
+    if m_rep:
+        want, why = int(m_rep.group(1) or m_rep.group(2)), "named"
+    elif m_sh:
+        want, why = dp_cp // max(int(m_sh.group(1) or m_sh.group(2)), 1), "dp x cp over the named shard group"
+    elif hybrid:
+        want = dp_cp // max(1, min(dp_cp, gpus_per_node // max(tp, 1)))
+        why = f"HSDP shards within a node of {gpus_per_node} GPUs, {max(1, gpus_per_node // max(tp, 1))} dp ranks"
+    else:
+        return 1
+    fit = max(r for r in range(1, max(1, min(want, dp_cp)) + 1) if dp_cp % r == 0 and edp % r == 0)
+    note = f"dist_opt_instances={fit} ({why}" + (f"; {want} does not divide dp x cp = {dp_cp} and the expert "
+                                                 f"data-parallel size {edp})" if fit != want else ")")
+    if fit > 1 or want > 1:
+        assumed.append(note)
+    return fit
 
 
 def sharding_named(z: str) -> tuple[bool, int | None]:

@@ -176,6 +176,10 @@ def preflight(model: ModelSpec, plan: ParallelPlan, *, source: str = "plan") -> 
     if plan.zero_stage > 1:
         raise InputError(f"{source}: zero_stage={plan.zero_stage} (FSDP) is not run by the executor; "
                          f"use zero_stage 0 or 1 (distributed optimizer)")
+    if plan.dist_opt_instances > 1:
+        # megatron-core's partial distributed optimizer overlaps its replica all-reduce on a CUDA stream of its own.
+        raise InputError(f"{source}: dist_opt_instances={plan.dist_opt_instances} (optimizer state sharded inside "
+                         f"replicas) is not run by the executor; use dist_opt_instances 1")
     have, what = available_processes()
     if plan.world_size > have:
         raise InputError(f"{source}: the plan needs {plan.world_size} ranks (tp*pp*dp*cp = {plan.tp}*{plan.pp}*"

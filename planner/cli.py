@@ -301,6 +301,9 @@ def _check_parser() -> _Parser:
     ap.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
                     help="data-parallel sharding: 1 distributed optimizer (default), 2/3 Megatron-FSDP optim_grads / "
                          "optim_grads_params (3 = FSDP, pp 1), 0 none (= --no-distributed-optimizer)")
+    ap.add_argument("--dist-opt-instances", type=_count, default=1, metavar="R",
+                    help="replicas of the sharded state (megatron-core --num-distributed-optimizer-instances; with "
+                         "--zero-stage 3 HSDP): shard over dp x cp / R neighbouring ranks, all-reduce over R (default 1)")
     ap.add_argument("--group", help="with a cluster of device groups: check the layout on this group alone")
     split = ap.add_mutually_exclusive_group()
     split.add_argument("--layers-per-stage", metavar="N,N,...",
@@ -368,7 +371,9 @@ def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
     con = console()
     con.print(estimate_table(est, f"{_named(model)} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
-                                  f"{zero_label(plan.zero_stage)}", trust))
+                                  f"{zero_label(plan.zero_stage)}" + (
+                                      f", {plan.dist_opt_instances} replicas of {plan.dp * plan.cp // plan.dist_opt_instances}"
+                                      f"-rank shards" if plan.dist_opt_instances > 1 else ""), trust))
     if t.layers_per_stage is not None:
         con.print(f"layers per pipeline rank: {','.join(str(x) for x in t.layers_per_stage)}; Megatron layout: "
                   f"{t.layout}", markup=False, highlight=False)

@@ -467,6 +467,9 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
         f.out.append("--tp-comm-overlap")
     if plan.distributed_optimizer or fsdp:
         f.out.append("--use-distributed-optimizer")
+        if plan.dist_opt_instances > 1:
+            # megatron-core arguments.py: the optimizer state sharded inside each of this many copies.
+            f.out.append(f"--num-distributed-optimizer-instances {plan.dist_opt_instances}")
     if fsdp:
         # ZeRO-2/3 = Megatron-FSDP optim_grads / optim_grads_params (costmodel/rules.py); validate_args:
         # "Megatron FSDP only supports fsdp_dtensor checkpoint format"; gradient accumulation fusion is
@@ -476,6 +479,10 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
         if plan.zero_stage >= 3:
             f.out.append("--init-model-with-meta-device")
+        if plan.dist_opt_instances > 1:
+            # HSDP: shard inside each of the replicas, replicate (no_shard) across them (Megatron-FSDP's
+            # DP-outer strategy; 'optim' would also shard the optimizer across them, which the plan does not price).
+            f.out.append("--outer-dp-sharding-strategy no_shard")
         if plan.tp > 1 or plan.cp > 1:
             # validate_args (before Blackwell) warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1 here.
             f.notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
@@ -705,6 +712,7 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
         out["zero_stage"] = 1 if (out["distributed_optimizer"] or strategy == "optim") else 0
     if "--use-tp-pp-dp-mapping" in f:
         out["rank_order"] = _TP_PP_DP_ORDER
+    out["dist_opt_instances"] = _int(f, "--num-distributed-optimizer-instances", 1) or 1
     return out
 
 

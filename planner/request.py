@@ -297,6 +297,8 @@ class CheckRequest(PlanRequest):
     no_distributed_optimizer: bool = False
     zero_stage: int | None = None
     """None: 1 (distributed optimizer), 0 with no_distributed_optimizer."""
+    dist_opt_instances: int = 1
+    """Replicas of the sharded data-parallel state (HSDP / partial distributed optimizer)."""
     group: str | None = None
     """The device group to check on, for a cluster of device groups."""
     layers_per_stage: str | None = None
@@ -326,7 +328,8 @@ class CheckRequest(PlanRequest):
         plan = ParallelPlan(tp=self.tp, pp=self.pp, vpp=vpp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp,
                             sequence_parallel=not self.no_sequence_parallel, micro_batch=self.micro_batch,
                             global_batch=gbs, recompute=self.recompute, recompute_layers=self.recompute_layers,
-                            distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps)
+                            distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps,
+                            dist_opt_instances=self.dist_opt_instances)
         check_plan(model, plan, cluster.num_gpus)
         if plan.recompute == "offload":
             from costmodel.profiles import load_profile

@@ -589,20 +589,27 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     t = SimpleNamespace()
     # Frozen (LoRA) weights have no gradients to reduce and, unchanged, none to gather after the step.
     w = c.wgrad
-    t.grad_sync = w * np.where(dist, rs_d + rs_e + lat["reduce_scatter"] + rep_d + rep_e + lat["replicas"],
+    # The replicas all-reduce their gradient shards once a step on megatron-core (Megatron-FSDP: on the last
+    # micro-batch, megatron_fsdp.py outer_fsdp_group_grad_reduce), in every backward on PyTorch FSDP's HSDP.
+    rep_times = 1.0 if c.framework == "megatron-core" else col(m)
+    # ZeRO-2 (Megatron-FSDP optim_grads, DeepSpeed stage 2) keeps only its gradient shard, so it reduce-scatters
+    # in every backward (megatron_fsdp.py grad_reduce_every_bprop); the distributed optimizer on the last.
+    zero2 = col(p.zero == 2) > 0      # (ZeRO-3 is fsdp)
+    t.grad_sync = w * np.where(dist, np.where(zero2, col(m), 1.0) * (rs_d + rs_e + lat["reduce_scatter"])
+                               + np.where(zero2, rep_times, 1.0) * (rep_d + rep_e + lat["replicas"]),
                                ar_d + ar_e + lat["all_reduce"])
     t.param_sync = w * np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
-    # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads (HSDP: and
-    # all-reduces the shards over the replicas, as PyTorch FSDP does in every backward it syncs).
-    t.fsdp_comm = col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"])
-                            + w * (rs_d + rs_e + lat_fsdp["reduce_scatter"] + rep_d + rep_e + lat_fsdp["replicas"]))
+    # FSDP gathers weights for every micro-batch forward and backward and reduce-scatters grads.
+    t.fsdp_comm = (col(m) * (2 * (ag_d + ag_e + lat_fsdp["all_gather"]) + w * (rs_d + rs_e + lat_fsdp["reduce_scatter"]))
+                   + w * rep_times * (rep_d + rep_e + lat_fsdp["replicas"]))
     stage_f, stage_b, vpp = st.stage_f, st.stage_b, c.vpp
     if fw["dp_overlap"]:
         # Overlapped with the last micro-batch's backward / the first one's forward; the last bucket
         # (~1/8 of a stage's gradients, Megatron's bucket size relative to a layer stack) stays exposed.
-        last_b = stage_b / col(vpp) + st.stage_rec / col(vpp)
+        # ZeRO-2's reduces run under every micro-batch's backward, the last one's tail exposed.
+        last_b = np.where(zero2, col(m) * (stage_b + st.stage_rec), stage_b / col(vpp) + st.stage_rec / col(vpp))
         first_f = stage_f / col(vpp)
-        dp_exposed = (np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync
+        dp_exposed = (np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync / np.where(zero2, col(m), 1.0)
                       + np.maximum(t.param_sync - first_f, 0.0) + 0.125 * t.param_sync) * cal.comm_exposed
         fsdp_exposed = (np.maximum(t.fsdp_comm - col(m) * (stage_f + stage_b), 0.0)
                         + FSDP_EXPOSED_FRACTION * t.fsdp_comm)

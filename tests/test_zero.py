@@ -346,3 +346,20 @@ def test_fsdp_moe_on_8_h100_fits():
     assert est.fits and est.memory_capacity_bytes == pytest.approx(0.95 * 80 * 2**30)
     # Selective recompute keeps the 48 MoE layers' activations (74.6 GB): that does not fit, as it should not.
     assert not estimate(model, node, plan.model_copy(update={"recompute": "selective"})).fits
+
+
+def test_zero2_reduces_gradients_in_every_backward():
+    # Megatron-FSDP optim_grads (and DeepSpeed stage 2) keep only a gradient shard, so each micro-batch's
+    # backward reduce-scatters (megatron_fsdp.py grad_reduce_every_bprop); the distributed optimizer reduces on
+    # the last one. One micro-batch: the same step; m of them: m - 1 more reduce-scatters in the no-overlap bound.
+    model = get_model("8b")
+
+    def upper_gap(m):
+        plans = [ParallelPlan(tp=1, pp=1, dp=512, global_batch=512 * m, zero_stage=z, recompute="full") for z in (1, 2)]
+        zero1, zero2 = (estimate(model, H100, p) for p in plans)
+        assert zero2.step_time_s == pytest.approx(zero1.step_time_s)   # hidden under the backward passes
+        return zero2.step_time_upper_s - zero1.step_time_upper_s
+
+    assert upper_gap(1) == pytest.approx(0.0, abs=1e-12)
+    assert upper_gap(8) > 0.05
+    assert upper_gap(16) == pytest.approx(upper_gap(8) * 15 / 7, rel=1e-6)

@@ -151,7 +151,7 @@ def _int(v: str) -> int | None:
 # A number as tables print it: thousands separators ("12,288"), a k / M multiple ("8k" tokens, "16K" GPUs,
 # "1.5k"), which for the counts of this schema (sequence lengths, GPUs, batches) is binary: 8k tokens are 8,192.
 _GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_MULTIPLE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmM])")
+_MULTIPLE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmM])(i?)")
 _COUNT_COLUMNS = ("seq_len", "num_gpus", "global_batch", "micro_batch", "layers", "hidden", "ffn_hidden", "vocab",
                   "gpus_per_node", "tp", "pp", "vp", "cp", "ep", "dp", "heads", "kv_heads", "moe_experts",
                   "moe_topk")
@@ -175,7 +175,8 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
         if not raw or _num(raw) is not None:
             continue
         text = _GROUPED.sub(lambda m: m.group(0).replace(",", ""), raw)
-        tokens = col == "global_batch" and re.search(r"\btok(en)?s?\b", text, re.I)
+        # Tokens when the word follows the first number ("4M tokens"), not in a note after it ("2048 (4M tokens)").
+        tokens = col == "global_batch" and re.match(r"\S+\s*tok(en)?s?\b", text, re.I)
         m = _MULTIPLE.fullmatch(text.split()[0]) if text.split() else None
         plain = _num(text.split()[0]) if text.split() and (tokens or len(text.split()) == 1) else None
         if m is None and plain is None:
@@ -186,7 +187,8 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
                 continue
             if m:
                 x, big = float(m.group(1)), m.group(2) in "mM"
-                dec, binary = x * (1e6 if big else 1e3), x * (2**20 if big else 2**10)
+                binary = x * (2**20 if big else 2**10)
+                dec = binary if m.group(3) else x * (1e6 if big else 1e3)     # "4Mi": binary, said so
             else:
                 dec = binary = plain
             out[col] = str(_tokens_to_sequences(dec, binary, seq))
@@ -200,7 +202,50 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
         raw = (row.get(col) or "").strip()
         if _num(raw) is None and _GROUPED.fullmatch(raw):
             out[col] = raw.replace(",", "")
-    return _values_with_units(out, assumed)
+    return _values_with_units(_annotated_counts(out, assumed), assumed)
+
+
+# A count cell with words around its number: "TP=4", "PP4", "4-way", "4 (SP)", "8 GPUs", "512 seqs", "1 (GA 32)";
+# the GPUs as "64x8" / "64 nodes" (of gpus_per_node, else 8); a pipeline's "4 (interleaved 5)" / "4, vpp 5" gives
+# vp where that column is blank; an em dash, "auto" or "?" is a blank.
+_LABEL = re.compile(r"^(?:tp|pp|cp|ep|dp|vpp?|etp|mbs|gbs|micro[-_ ]?batch|global[-_ ]?batch|gpus?)\s*[=:]?\s*", re.I)
+_ANNOTATED = re.compile(r"(\d+)(?:\s*-?\s*way)?(?:\s*(?:\(.*\)|[,;]?\s*[a-z].*))?", re.I)
+_BLANKS = ("\u2014", "\u2013", "auto", "?", "n.a.", "--")
+_VIRTUAL = re.compile(r"(?:interleav\w*|vpp?|virtual(?:[-_ ]stages?)?)\D{0,3}(\d+)", re.I)
+
+
+def _annotated_counts(row: dict, assumed: list[str]) -> dict:
+    """The row with count cells that carry words around one number read as that number (each named in
+    ``assumed``); a cell this cannot read stays as written."""
+    out = dict(row)
+    for col in _COUNT_COLUMNS:
+        raw = (row.get(col) or "").strip()
+        if not raw or _num(raw) is not None or raw.lower() in _ABSENT:
+            continue
+        if raw.lower() in _BLANKS:
+            out[col] = ""
+            assumed.append(f"{col} blank (from {raw!r})")
+            continue
+        text = _LABEL.sub("", _GROUPED.sub(lambda g: g.group(0).replace(",", ""), raw))
+        nodes = re.fullmatch(r"(\d+)\s*(?:nodes?\s*)?[x\u00d7*]\s*(\d+)(?:\s*gpus?)?|(\d+)\s*nodes?", text, re.I)
+        if col == "num_gpus" and nodes:
+            per = _int(row.get("gpus_per_node", "")) or 8
+            x = int(nodes.group(1)) * int(nodes.group(2)) if nodes.group(1) else int(nodes.group(3)) * per
+        else:
+            m = _ANNOTATED.fullmatch(text)
+            # Another number outside brackets ("8 or 16") is a second reading: left as written (a pipeline's
+            # "16, vpp 4" excepted).
+            rest = re.sub(r"\(.*?\)", "", text[m.end(1):]) if m else ""
+            if not m or _MULTIPLE.match(text) or (re.search(r"\d", rest) and not (col == "pp" and _VIRTUAL.search(rest))):
+                continue
+            x = int(m.group(1))
+        out[col] = str(x)
+        assumed.append(f"{col}={x} (from {raw!r})")
+        virtual = _VIRTUAL.search(text) if col == "pp" else None
+        if virtual and _num(row.get("vp", "")) is None:
+            out["vp"] = virtual.group(1)
+            assumed.append(f"vp={virtual.group(1)} (from pp {raw!r})")
+    return out
 
 
 # A measured figure written with its unit ("3.2 s", "450 ms", "3,100 tokens/s/GPU", "12.3k tok/s"): the number
@@ -215,8 +260,11 @@ def _values_with_units(row: dict, assumed: list[str]) -> dict:
     joined to a measured_metric that does not name one itself ("throughput" -> "throughput tokens/s/GPU")."""
     out = dict(row)
     raw = (row.get("step_time_s") or "").strip()
-    m = _QUANTITY.fullmatch(raw) if _num(raw) is None else None
-    unit = (m.group(3) or "").strip().lower() if m and not m.group(2) else None
+    # "~8", "about 8 s", "8.0 s/iter", "1,500 ms per step": an approximate or per-iteration figure is a step time.
+    text = re.sub(r"^(?:~|\u2248|approx\.?|about|circa|ca\.)\s*", "", raw, flags=re.I)
+    text = re.sub(r"\s*(?:/|per)\s*(?:iter(?:ation)?|it|step|batch)s?$", "", text, flags=re.I)
+    m = _QUANTITY.fullmatch(text) if _num(raw) is None else None
+    unit = (m.group(3) or "s").strip().lower() if m and not m.group(2) else None
     if unit in ("s", "sec", "secs", "second", "seconds", "ms", "msec", "milliseconds"):
         x = float(m.group(1).replace(",", "")) / (1e3 if unit.startswith("m") else 1.0)
         out["step_time_s"] = repr(x)
@@ -697,7 +745,8 @@ def recompute_named(text: str) -> str:
     """none / selective / full / offload for the ways a recompute column says them ('yes', 'activation
     checkpointing', 'AC', 'full (uniform, 1 layer)', 'selective (core attn)', 'SAC', 'off', 'cpu offloading');
     anything else (blank, 'unknown') unchanged."""
-    if text in _NO or text == "none":
+    # 'none (no AC)', 'no recompute', 'w/o activation checkpointing', 'disabled': a negation before anything else.
+    if text in _NO or re.match(r"(?:none|no|off|disabled|without|w/o)(?![a-z0-9])", text):
         return "none"
     if "offload" in text:
         return "offload"

@@ -178,7 +178,9 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     for text, want in {"yes": "full", "true": "full", "activation checkpointing": "full", "full (uniform, 1 layer)":
                        "full", "block": "full", "selective (core attn)": "selective", "Selective".lower(): "selective",
                        "no": "none", "off": "none", "false": "none", "unknown": "unknown", "": "",
-                       "partial (4 layers)": "full", "recompute_num_layers=2": "full"}.items():
+                       "partial (4 layers)": "full", "recompute_num_layers=2": "full", "none (no AC)": "none",
+                       "no activation checkpointing": "none", "w/o recompute": "none", "disabled": "none",
+                       "non-uniform (4 layers)": "full"}.items():
         assert recompute_named(text) == want, text
 
     rows = [r for r in csv.DictReader(DATA.open()) if r["scored"] == "true" and r["framework"] == "megatron-core"

@@ -266,7 +266,7 @@ def test_numbers_as_tables_print_them(tmp_path, upd, want, said):
     assert said is None or said in case.assumed, case.assumed
 
 
-@pytest.mark.parametrize("bad", ["1,5", "8 x 8", "many"])
+@pytest.mark.parametrize("bad", ["1,5", "8 or 16", "many", "8 x 8 x 8"])
 def test_a_number_no_table_convention_reads_stays_an_error(tmp_path, bad):
     cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, "num_gpus": bad}]))
     assert not cases and f"column 'num_gpus': expected a positive integer, got {bad!r}" in errors[0]["error"]
@@ -372,3 +372,30 @@ def test_a_measured_figure_written_with_its_unit(tmp_path, upd, step_s):
 def test_a_figure_with_a_unit_that_gives_no_step_time_stays_an_error(tmp_path, upd):
     cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, **upd}]))
     assert not cases and "step_time_s" in errors[0]["error"], errors
+
+
+@pytest.mark.parametrize("upd, field, want", [
+    (dict(tp="TP=8"), "tp", 8), (dict(tp="8-way"), "tp", 8), (dict(tp="8 (SP)"), "tp", 8), (dict(pp="PP16"), "pp", 16),
+    (dict(pp="16 (interleaved 4)"), "vpp", 4), (dict(micro_batch="1 (GA 16)"), "micro_batch", 1),
+    (dict(global_batch="2048 seqs"), "global_batch", 2048), (dict(global_batch="2048 (16M tokens)"), "global_batch", 2048),
+    (dict(global_batch="16Mi tokens"), "global_batch", 2048), (dict(num_gpus="1024 nodes"), "num_gpus", 8192),
+    (dict(num_gpus="1024x8"), "num_gpus", 8192), (dict(num_gpus="8,192 (1,024 nodes)"), "num_gpus", 8192),
+    (dict(dp="auto"), "dp", 64), (dict(pp="16, vpp 4"), "vpp", 4), (dict(num_gpus="1024 x 8 GPUs"), "num_gpus", 8192), (dict(cp="\u2014"), "cp", 1), (dict(gpus_per_node="8 GPUs"), "num_gpus", 8192)])
+def test_a_count_written_with_words_around_it(tmp_path, upd, field, want):
+    case = _case(tmp_path, **upd)
+    got = case.cluster.num_gpus if field == "num_gpus" else getattr(case.plan, field)
+    assert got == want, case.assumed
+    raw = next(iter(upd.values()))
+    assert any(f"(from {raw!r})" in note or f"(from pp {raw!r})" in note for note in case.assumed), case.assumed
+
+
+@pytest.mark.parametrize("raw", ["10 s/iter", "~10", "about 10 seconds", "10,000 ms per step", "10s per iteration"])
+def test_an_approximate_or_per_iteration_step_time(tmp_path, raw):
+    assert _case(tmp_path, step_time_s=raw).published_step_time_s == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("upd", [dict(tp="TP"), dict(num_gpus="many"), dict(pp="x4")])
+def test_a_count_without_a_number_stays_an_error(tmp_path, upd):
+    cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, **upd}]))
+    col = next(iter(upd))
+    assert not cases and f"column '{col}'" in errors[0]["error"], errors

@@ -80,6 +80,10 @@ def published_step_time(row: dict) -> float:
     raw = (row.get("measured_metric") or "").strip().lower()
     metric = metric_named(raw) or raw
     value = _num(row.get("measured_value", ""))
+    # A multiple in the metric's name: 'tokens/s/GPU (k)', 'throughput (millions of tokens/s)'.
+    multiple = re.search(r"\(\s*(k|thousands?|m|millions?)(?:\s+of\b[^)]*)?\s*\)", raw)
+    if value is not None and multiple:
+        value *= 1e3 if multiple.group(1).startswith(("k", "t")) else 1e6
     if metric in STEP_TIME_METRICS and value and value > 0:
         nums = {k: float(row[k]) for k in ("global_batch", "seq_len", "num_gpus")}
         return float(STEP_TIME_METRICS[metric](value, nums))

@@ -399,3 +399,12 @@ def test_a_count_without_a_number_stays_an_error(tmp_path, upd):
     cases, errors = load_cases(write_rows(tmp_path / "bad.csv", [{**ROW, **upd}]))
     col = next(iter(upd))
     assert not cases and f"column '{col}'" in errors[0]["error"], errors
+
+
+@pytest.mark.parametrize("metric, value", [("tokens/s/GPU (k)", "1.024"), ("Tokens/s/GPU (thousands)", "1.024"),
+                                           ("throughput (millions of tokens/s)", "8.388608"), ("tokens/s (M)", "8.388608"),
+                                           ("iteration time (ms)", "2000")])
+def test_a_multiple_in_the_metric_name(tmp_path, metric, value):
+    # The row: 2048 sequences of 8192 tokens on 8192 GPUs, 2 s a step.
+    case = _case(tmp_path, step_time_s="", measured_metric=metric, measured_value=value)
+    assert case.published_step_time_s == pytest.approx(2.0)

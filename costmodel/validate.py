@@ -1039,11 +1039,16 @@ def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
     then weights (ZeRO-3 / FSDP) sharded over data parallelism. Gradients and weights not with pipeline
     parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
     fsdp_pipeline), so the estimate would refuse those plans anyway."""
-    if plan.dp * plan.cp <= 1 or plan.zero_stage >= 3:
+    if plan.dp * plan.cp <= 1:
         return []
+    # Sharded inside replicas (HSDP) that do not hold the state: fewer replicas of larger shard groups.
+    fewer = [plan.model_copy(update={"dist_opt_instances": r}) for r in range(plan.dist_opt_instances - 1, 0, -1)
+             if plan.dist_opt_instances % r == 0]
+    if plan.zero_stage >= 3:
+        return fewer
     stages = (1, 2, 3) if plan.pp == 1 else (1,)
-    return [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in stages
-            if z > plan.zero_stage]
+    return fewer + [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in stages
+                    if z > plan.zero_stage]
 
 
 def _describe_recompute(plan: ParallelPlan) -> str:
@@ -1111,6 +1116,10 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
+    if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
+        assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
+                       f"{plans[idx].dp * plans[idx].cp // plans[idx].dist_opt_instances} ranks: the state does not "
+                       f"fit in smaller ones)")
     peak = out["peak_memory_bytes"][idx]
     return {
         "predicted_step_time_s": float(out["step_time_s"][idx]),

@@ -14,7 +14,7 @@ from costmodel.estimate import estimate
 from costmodel.plan import ParallelPlan
 from costmodel.profiles import InputError, load_cluster
 from costmodel.rules import check_plan, violations
-from costmodel.validate import load_cases
+from costmodel.validate import load_cases, predict_case
 from executor.launch import preflight
 from planner.cli import main
 from planner.outputs import megatron_args, parse_megatron_args
@@ -128,3 +128,17 @@ def test_a_training_log_with_optimizer_instances_reads_them():
     patched = text.replace(line, line + "  num_distributed_optimizer_instances ............. 2\n")
     assert parse_megatron_log(patched, "hsdp.log", gpu="H100").measurement.plan.dist_opt_instances == 2
     assert parse_megatron_log(text, "dp.log", gpu="H100").measurement.plan.dist_opt_instances == 1
+
+
+def test_a_published_hsdp_run_whose_node_cannot_hold_its_shard_had_larger_groups(tmp_path):
+    # Llama-3-70B with its 16 bytes of state per parameter cannot shard inside one 8-GPU node (140 GB a GPU); the
+    # run ran, so its shard groups were larger: the fastest replica count that fits, said in assumed.
+    row = {**ROW, "model_name": "Llama-3-70B", "params_b": "70", "layers": "80", "hidden": "8192", "ffn_hidden": "28672",
+           "heads": "64", "num_gpus": "512", "global_batch": "512", "zero_stage_or_distopt": "HSDP"}
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [row]))
+    assert not errors and cases[0].plan.dist_opt_instances == 64
+    got = predict_case(cases[0])
+    assert got["fits"] and got["plan"].dist_opt_instances < 64
+    assert 512 % got["plan"].dist_opt_instances == 0
+    assert any(a.startswith(f"dist_opt_instances={got['plan'].dist_opt_instances} (shard groups of")
+               for a in got["assumed"]), got["assumed"]

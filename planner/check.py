@@ -163,6 +163,11 @@ def _make(base: ParallelPlan, **upd) -> ParallelPlan | None:
         upd.setdefault("recompute_layers", None)
     if "pp" in upd and upd["pp"] != base.pp:
         upd.setdefault("layers_per_stage", None)
+    if base.dist_opt_instances > 1 and "dist_opt_instances" not in upd:
+        # Sharded inside replicas: keep the shard group's size where the new dp x cp still divides into it.
+        group = base.dp * base.cp // base.dist_opt_instances
+        dp_cp = upd.get("dp", base.dp) * upd.get("cp", base.cp)
+        upd["dist_opt_instances"] = dp_cp // group if dp_cp % group == 0 and dp_cp >= group else 1
     try:
         return ParallelPlan(**{**base.model_dump(), **upd})
     except ValidationError:
@@ -202,7 +207,8 @@ class Candidate(NamedTuple):
     """One alternative: the move it makes (family and index), and whether it keeps the base knobs."""
 
     family: str
-    """knobs (micro_batch / recompute only), split, pp, vpp, tp, cp, ep or zero (data-parallel sharding)."""
+    """knobs (micro_batch / recompute only), split, pp, vpp, tp, cp, ep, zero (data-parallel sharding) or replicas
+    (the sharded state inside replicas, HSDP)."""
     move: int
     """Index of the structural move (candidates sharing it differ only in micro_batch / recompute)."""
     base_knobs: bool
@@ -265,6 +271,14 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         moves.append(("zero", {"zero_stage": 1, "distributed_optimizer": True}))
     elif (dp1 := dp_for(tp, 1, cp)) and dp1 * cp > 1:
         moves.append(("zero", {"zero_stage": 3, "distributed_optimizer": True, "pp": 1, "vpp": 1, "dp": dp1}))
+    # Sharded state inside replicas (HSDP with FSDP): shard groups of 1, 4, 16, ... nodes, of all of dp x cp, or
+    # half / twice the present ones.
+    if plan.zero_stage >= 1 and plan.dp * cp > 1:
+        dp_cp, r = plan.dp * cp, plan.dist_opt_instances
+        node = dp_cp // min(dp_cp, max(1, cluster.gpus_per_node // tp))
+        for r2 in sorted({1, r * 2, r // 2, *(node // 4**k for k in range(8))} - {0, r}):
+            if dp_cp % r2 == 0:
+                moves.append(("replicas", {"dist_opt_instances": r2}))
 
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
     from planner.space import offload_searched
@@ -315,7 +329,8 @@ def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
 def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> str:
     """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
     changes: list[tuple[str, str, str]] = []
-    for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "micro_batch", "recompute", "recompute_layers"):
+    for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "dist_opt_instances", "micro_batch", "recompute",
+              "recompute_layers"):
         a, b = getattr(base, f), getattr(alt, f)
         if a != b:
             changes.append((f, str(a), str(b)))

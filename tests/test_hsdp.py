@@ -142,3 +142,22 @@ def test_a_published_hsdp_run_whose_node_cannot_hold_its_shard_had_larger_groups
     assert 512 % got["plan"].dist_opt_instances == 0
     assert any(a.startswith(f"dist_opt_instances={got['plan'].dist_opt_instances} (shard groups of")
                for a in got["assumed"]), got["assumed"]
+
+
+def test_plan_check_suggests_sharding_inside_replicas(capsys):
+    # 405B FSDP over 1,024 tp-8 ranks spends 60% of the step gathering over the network; shard groups of 16
+    # nodes (64 replicas) keep the gathers on fewer hops.
+    argv = ["check", "--model", "405b", "--cluster", "h100x8192", "--tp", "8", "--pp", "1", "--zero-stage", "3",
+            "--global-batch", "2048", "--json"]
+    assert main(argv) == 0
+    comm = next(f for f in json.loads(capsys.readouterr().out)["findings"] if f["kind"] == "communication")
+    assert comm["suggestion"].startswith("dist_opt_instances 1 -> ") and comm["alternative"]["dist_opt_instances"] > 1
+    assert comm["gain"] < -0.4
+    # Moves that change dp keep the shard group's size where they can.
+    from costmodel.catalog import get_model as model_of
+    from planner.check import neighbours
+
+    hsdp = _plan(tp=8, dp=1024, global_batch=2048, dist_opt_instances=64)
+    tp4 = next(c.plan for c in neighbours(model_of("405b"), load_cluster("h100x8192"), hsdp) if c.family == "tp"
+               and c.plan.tp == 4)
+    assert tp4.dp == 2048 and tp4.dist_opt_instances == 128

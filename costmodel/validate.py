@@ -652,8 +652,8 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
 
 
 _REPLICAS = re.compile(r"(?:num[-_ ]distributed[-_ ]optimizer[-_ ]instances|optimizer[-_ ]instances|dp[-_ ]?replicate"
-                       r"|data[-_ ]parallel[-_ ]replicate[-_ ]degree|replicate[-_ ]degree|replicas?)\s*[=:]?\s*(\d+)"
-                       r"|(\d+)\s*(?:replicas|optimizer instances)")
+                       r"|data[-_ ]parallel[-_ ]replicate[-_ ]degree|replicate[-_ ]degree|replicas?(?=\s*[=:]))\s*[=:]?\s*(\d+)"
+                       r"|(\d+)\s*(?:hsdp |fsdp )?(?:replicas|optimizer instances)")
 _SHARD_GROUP = re.compile(r"(?:dp[-_ ]?shard|data[-_ ]parallel[-_ ]shard[-_ ]degree|shard(?:ing)?[-_ ](?:group|degree|size)"
                           r"(?: of)?)\s*[=:]?\s*(\d+)|(\d+)[-_ ]way (?:hsdp|hybrid|shard)")
 

@@ -237,8 +237,13 @@ def test_a_published_run_over_the_usable_margin_but_within_the_gpu_fits():
     cap = load_profile("H100").memory_bytes.value
     assert r["fits"] and 0.95 < r["predicted_peak_memory_bytes"] / cap < 1.0
     assert r["assumed"][-1] == "peak memory 83.9 GB is above the planner's usable 95% of 85.9 GB, within all of it"
-    # Beyond the GPU's memory it does not fit.
+    # Beyond the GPU's memory with the recompute the row names, the run saved its activations another way: the
+    # fastest recompute that fits (6 layers of each stage in full at sequence 4,096).
     r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 4096})))
+    assert r["fits"] and (r["plan"].recompute, r["plan"].recompute_layers) == ("full", 6)
+    assert r["assumed"][-1] == "recompute=full:6 (the published layout does not fit with recompute=none as the row says)"
+    # Beyond it with every setting, it does not fit.
+    r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 32768})))
     assert not r["fits"] and r["predicted_peak_memory_bytes"] > cap
 
 

@@ -408,3 +408,16 @@ def test_a_multiple_in_the_metric_name(tmp_path, metric, value):
     # The row: 2048 sequences of 8192 tokens on 8192 GPUs, 2 s a step.
     case = _case(tmp_path, step_time_s="", measured_metric=metric, measured_value=value)
     assert case.published_step_time_s == pytest.approx(2.0)
+
+
+def test_a_published_layout_that_cannot_hold_its_activations_as_written_saved_them(tmp_path):
+    # Llama-3-8B, micro-batch 4 of 8,192 tokens, no recomputation: about 150 GB of activations on an 80 GB H100.
+    # The run ran, so it recomputed (or the row says less than it did): the fastest recompute that fits.
+    row = dict(ROW, model_name="Llama 3 8B", params_b="8", layers="32", hidden="4096", ffn_hidden="14336", heads="32",
+               num_gpus="64", tp="1", pp="1", dp="64", global_batch="256", micro_batch="4", recompute="none")
+    case = _case(tmp_path, **row)
+    assert case.recompute_known and case.plan.recompute == "none"
+    got = predict_case(case)
+    assert got["fits"] and got["plan"].recompute != "none"
+    assert got["assumed"][-1].endswith("(the published layout does not fit with recompute=none as the row says)")
+    assert not any(a.endswith("(fastest that fits)") for a in got["assumed"])

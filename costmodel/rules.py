@@ -41,6 +41,11 @@ Sources (paths are in github.com/NVIDIA/Megatron-LM, megatron-core 0.16 / main):
   "(dp_cp ep tp) -> ep dp_cp tp", ...)`` (``_get_hsdp_tp_mesh`` likewise ``(outer_fsdp_dp fsdp tp)``),
   i.e. the whole world must be dp*cp x tp ranks; a pipeline stage has no place in it.
 
+* dist_opt_instances (``--num-distributed-optimizer-instances``) divides dp*cp and the expert data-parallel size:
+  ``parallel_state.initialize_model_parallel`` and its expert grid; it replicates a sharded state, so it needs
+  one (``distributed_data_parallel.py``: "Partial DistOpt cannot be used without DistOpt"); with
+  Megatron-FSDP it needs ep == 1 (``mcore_fsdp_adapter.py`` builds no expert mesh for HSDP).
+
 Rules that are not Megatron's but the planner's own consistency (zero_stage vs
 distributed_optimizer, recompute_layers only with full recompute) are marked as such.
 """
@@ -641,6 +646,12 @@ def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if plan.zero_stage == 0 and not plan.distributed_optimizer:
         return [f"dist_opt_instances={r} replicates a sharded optimizer state but nothing is sharded "
                 "(zero_stage=0, distributed_optimizer=False); valid: dist_opt_instances=1, or zero_stage 1, 2 or 3"]
+    if plan.zero_stage >= 2 and plan.ep > 1:
+        # megatron-core 0.16.1 distributed/fsdp/mcore_fsdp_adapter.py _init_dist_index: with HSDP
+        # (num_distributed_optimizer_instances > 1) Megatron-FSDP builds no expert device mesh.
+        return [f"dist_opt_instances={r} with Megatron-FSDP (zero_stage={plan.zero_stage}) and ep={plan.ep}: "
+                "megatron-core 0.16.1 builds no expert mesh for HSDP; valid: dist_opt_instances=1, ep=1, or "
+                "zero_stage=1 (distributed optimizer)"]
     # megatron-core parallel_state.initialize_model_parallel: "data_parallel_size * context_parallel_size
     # must be divisible by num_distributed_optimizer_instances", and the expert data-parallel size likewise.
     dp_cp = plan.dp * plan.cp

@@ -65,6 +65,8 @@ def test_replicas_follow_megatron_core_rules():
     plan = ParallelPlan(tp=2, pp=1, dp=32, ep=8, global_batch=256, zero_stage=1, dist_opt_instances=16)
     assert "the expert data-parallel size 8" in violations(moe, plan)[0]
     check_plan(moe, plan.model_copy(update={"dist_opt_instances": 8}), 64)
+    fsdp = plan.model_copy(update={"dist_opt_instances": 8, "zero_stage": 3})
+    assert "builds no expert mesh for HSDP" in violations(moe, fsdp)[0]
 
 
 def test_flags_round_trip_and_the_executor_refuses():

@@ -553,38 +553,42 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     p_dense_stage, p_exp_stage, grad_b, valid, SL = p.dense, p.expert, p.grad_b, st.valid, st.SL
     wire_b = grad_b if gc is None else gc.wire_bytes_per_element
 
-    def coll(kind, params, nbytes, group, k, N):
-        return comm.collective_time_s(prof, cluster, kind, params * nbytes, col(group), col(k), col(N))
-
-    # Sharded gathers and reduces run inside a replica's shard group; the replicas then all-reduce their
-    # gradient shards (none with one replica). Without sharding (DDP) the gradients all-reduce over dp x cp.
+    # Each group as (size, members per NVLink domain, domains), one column per plan. Sharded gathers and
+    # reduces run inside a replica's shard group; the replicas then all-reduce their gradient shards (none with
+    # one replica). Without sharding (DDP) the gradients all-reduce over dp x cp.
     sh, sh_e, R = col(c.sh), col(c.sh_e), col(c.R)
-    groups = {"dense": (col(c.sh), col(c.sh_k), col(c.sh_N)), "expert": (sh_e, col(c.sh_e_k), col(c.sh_e_N)),
-              "dense_ddp": (col(dp_size), col(dp_k), col(dp_N)), "expert_ddp": (col(edp), col(edp_k), col(edp_N)),
-              "dense_rep": (R, col(c.rep_k), col(c.rep_N)), "expert_rep": (R, col(c.rep_e_k), col(c.rep_e_N))}
-    rs_d = coll("reduce_scatter", p_dense_stage, wire_b, c.sh, c.sh_k, c.sh_N)
-    ar_d = coll("all_reduce", p_dense_stage, wire_b, dp_size, dp_k, dp_N)
-    ag_d = coll("all_gather", p_dense_stage, c.eb, c.sh, c.sh_k, c.sh_N)
-    rep_d = coll("all_reduce", p_dense_stage / sh, wire_b, c.R, c.rep_k, c.rep_N)
-    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, c.sh_e, c.sh_e_k, c.sh_e_N)
-    ar_e = coll("all_reduce", p_exp_stage, wire_b, edp, edp_k, edp_N)
-    ag_e = coll("all_gather", p_exp_stage, c.eb, c.sh_e, c.sh_e_k, c.sh_e_N)
-    rep_e = coll("all_reduce", p_exp_stage / sh_e, wire_b, c.R, c.rep_e_k, c.rep_e_N)
+    shard_d, shard_e = (sh, col(c.sh_k), col(c.sh_N)), (sh_e, col(c.sh_e_k), col(c.sh_e_N))
+    ddp_d, ddp_e = (col(dp_size), col(dp_k), col(dp_N)), (col(edp), col(edp_k), col(edp_N))
+    rep_grp_d, rep_grp_e = (R, col(c.rep_k), col(c.rep_N)), (R, col(c.rep_e_k), col(c.rep_e_N))
 
-    def latency(kind, count_d, count_e, where=""):
-        return (_bucket_latency(c, kind, p_dense_stage / (sh if where == "_rep" else 1.0),
-                                *groups["dense" + where], count_d)
-                + _bucket_latency(c, kind, p_exp_stage / (sh_e if where == "_rep" else 1.0),
-                                  *groups["expert" + where], count_e))
+    def coll(kind, params, nbytes, group):
+        return comm.collective_time_s(prof, cluster, kind, params * nbytes, *group)
+
+    rs_d = coll("reduce_scatter", p_dense_stage, wire_b, shard_d)
+    ar_d = coll("all_reduce", p_dense_stage, wire_b, ddp_d)
+    ag_d = coll("all_gather", p_dense_stage, c.eb, shard_d)
+    rep_d = coll("all_reduce", p_dense_stage / sh, wire_b, rep_grp_d)
+    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, shard_e)
+    ar_e = coll("all_reduce", p_exp_stage, wire_b, ddp_e)
+    ag_e = coll("all_gather", p_exp_stage, c.eb, shard_e)
+    rep_e = coll("all_reduce", p_exp_stage / sh_e, wire_b, rep_grp_e)
+
+    def latency(kind, count_d, count_e, group_d=shard_d, group_e=shard_e, params_d=p_dense_stage,
+                params_e=p_exp_stage):
+        return (_bucket_latency(c, kind, params_d, *group_d, count_d)
+                + _bucket_latency(c, kind, params_e, *group_e, count_e))
+
+    def replicas_latency(count_d, count_e):
+        return latency("all_reduce", count_d, count_e, rep_grp_d, rep_grp_e, p_dense_stage / sh, p_exp_stage / sh_e)
 
     nb_d = scale.ddp_buckets(p_dense_stage, col(dp_size))
     nb_e = scale.ddp_buckets(p_exp_stage, col(edp))
     lat = {k: latency(k, nb_d, nb_e) for k in ("reduce_scatter", "all_gather")}
-    lat["all_reduce"] = latency("all_reduce", nb_d, nb_e, "_ddp")
-    lat["replicas"] = latency("all_reduce", nb_d, nb_e, "_rep")
+    lat["all_reduce"] = latency("all_reduce", nb_d, nb_e, ddp_d, ddp_e)
+    lat["replicas"] = replicas_latency(nb_d, nb_e)
     # Megatron-FSDP: one gather / reduce per layer (its unit) and micro-batch, dense and expert groups apart.
     lat_fsdp = {k: latency(k, SL, SL) for k in ("reduce_scatter", "all_gather")}
-    lat_fsdp["replicas"] = latency("all_reduce", SL, SL, "_rep")
+    lat_fsdp["replicas"] = replicas_latency(SL, SL)
     dist, fsdp = p.dist, p.fsdp
     t = SimpleNamespace()
     # Frozen (LoRA) weights have no gradients to reduce and, unchanged, none to gather after the step.

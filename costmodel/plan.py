@@ -133,6 +133,11 @@ class ParallelPlan(FrozenSpec):
     def num_microbatches(self) -> int:
         return num_microbatches(self.global_batch, self.dp, self.micro_batch)
 
+    @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks (of dp x cp) one copy of the sharded state is split over."""
+        return self.dp * self.cp // self.dist_opt_instances
+
     def with_even_split(self, layers: int) -> ParallelPlan:
         """This plan with its split written out (``layers_per_stage`` as :func:`even_split` fills it)."""
         if self.layers_per_stage is not None:
@@ -220,6 +225,12 @@ class PlanArrays:
         if split and sl is not None and not np.isnan(sl[i, 0]):
             plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})
         return plan
+
+
+def node_replicas(dp_cp: int, tp: int, gpus_per_node: int) -> int:
+    """Replicas (dist_opt_instances) when the sharded state is split inside one node: the dp x cp ranks of
+    gpus_per_node / tp GPUs each (rank order tp first), all of dp x cp at most."""
+    return dp_cp // min(dp_cp, max(1, gpus_per_node // max(tp, 1)))
 
 
 def plan_label(plan: ParallelPlan) -> str:

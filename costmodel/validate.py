@@ -22,7 +22,7 @@ from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
 from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
-from costmodel.plan import ParallelPlan, PlanArrays, data_parallel
+from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
@@ -674,7 +674,7 @@ def shard_replicas(z: str, notes: str, tp: int, dp_cp: int, edp: int, gpus_per_n
     elif m_sh:
         want, why = dp_cp // max(int(m_sh.group(1) or m_sh.group(2)), 1), "dp x cp over the named shard group"
     elif hybrid:
-        want = dp_cp // max(1, min(dp_cp, gpus_per_node // max(tp, 1)))
+        want = node_replicas(dp_cp, tp, gpus_per_node)
         why = f"HSDP shards within a node of {gpus_per_node} GPUs, {max(1, gpus_per_node // max(tp, 1))} dp ranks"
     else:
         return 1
@@ -1127,8 +1127,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
-                       f"{plans[idx].dp * plans[idx].cp // plans[idx].dist_opt_instances} ranks: the state does not "
-                       f"fit in smaller ones)")
+                       f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")
     peak = out["peak_memory_bytes"][idx]
     return {
         "predicted_step_time_s": float(out["step_time_s"][idx]),

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from costmodel.compute import gemm_dtype
 from costmodel.estimate import estimate, estimate_arrays
-from costmodel.plan import ParallelPlan, PlanArrays, even_split
+from costmodel.plan import ParallelPlan, PlanArrays, even_split, node_replicas
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, violations
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
@@ -165,7 +165,7 @@ def _make(base: ParallelPlan, **upd) -> ParallelPlan | None:
         upd.setdefault("layers_per_stage", None)
     if base.dist_opt_instances > 1 and "dist_opt_instances" not in upd:
         # Sharded inside replicas: keep the shard group's size where the new dp x cp still divides into it.
-        group = base.dp * base.cp // base.dist_opt_instances
+        group = base.shard_group
         dp_cp = upd.get("dp", base.dp) * upd.get("cp", base.cp)
         upd["dist_opt_instances"] = dp_cp // group if dp_cp % group == 0 and dp_cp >= group else 1
     try:
@@ -275,7 +275,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     # half / twice the present ones.
     if plan.zero_stage >= 1 and plan.dp * cp > 1:
         dp_cp, r = plan.dp * cp, plan.dist_opt_instances
-        node = dp_cp // min(dp_cp, max(1, cluster.gpus_per_node // tp))
+        node = node_replicas(dp_cp, tp, cluster.gpus_per_node)
         for r2 in sorted({1, r * 2, r // 2, *(node // 4**k for k in range(8))} - {0, r}):
             if dp_cp % r2 == 0:
                 moves.append(("replicas", {"dist_opt_instances": r2}))

@@ -372,7 +372,7 @@ def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
     con.print(estimate_table(est, f"{_named(model)} on {cluster.name}: tp{plan.tp} pp{plan.pp} vpp{plan.vpp} "
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
                                   f"{zero_label(plan.zero_stage)}" + (
-                                      f", {plan.dist_opt_instances} replicas of {plan.dp * plan.cp // plan.dist_opt_instances}"
+                                      f", {plan.dist_opt_instances} replicas of {plan.shard_group}"
                                       f"-rank shards" if plan.dist_opt_instances > 1 else ""), trust))
     if t.layers_per_stage is not None:
         con.print(f"layers per pipeline rank: {','.join(str(x) for x in t.layers_per_stage)}; Megatron layout: "

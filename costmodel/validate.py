@@ -344,15 +344,25 @@ def framework_named(text: str, row: dict) -> str | None:
         if tag and "core" not in t:
             return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
         year = re.search(r"(?<!\d)(20[12]\d)(?!\d)", t)
-        if year and year.group(1) == "2020":
-            return "megatron-lm-2020"
-        if year and year.group(1) in ("2021", "2022"):
-            return "megatron-lm-2021"
+        if year:
+            return _megatron_of_year(int(year.group(1)))
         if "megatron-lm" in t and not re.search(r"\d", t):
             notes = framework_from_notes(row)
-            return notes if notes.startswith("megatron") else "megatron-core"
+            if notes.startswith("megatron-lm"):
+                return notes
+            # A bare Megatron-LM takes the generation of the latest year its source and notes name.
+            text = " ".join(row.get(c) or "" for c in ("source_id", "notes"))
+            years = [int(y) for y in re.findall(r"(?<!\d)(20[12]\d)(?!\d)", text)]
+            return _megatron_of_year(max(years)) if years else "megatron-core"
         return "megatron-core"
     return None
+
+
+def _megatron_of_year(year: int) -> str:
+    """The Megatron generation of a year: up to 2020 Megatron-LM before interleaving (the 2019 paper's and the
+    2020 README's; no sequence parallelism, unfused attention), 2021-2022 Megatron-LM of the 2021 paper, later
+    megatron-core."""
+    return "megatron-lm-2020" if year <= 2020 else "megatron-lm-2021" if year <= 2022 else "megatron-core"
 
 
 def framework_from_notes(row: dict) -> str:

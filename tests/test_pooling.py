@@ -125,6 +125,14 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
     # A bare "Megatron-LM" takes the generation the notes name.
     assert framework_of({**rows[0], "framework": "Megatron-LM"}, []) == "megatron-lm-2021"
     assert framework_of({"framework": "Megatron-LM", "source_id": "X", "notes": "mcore 0.12"}, []) == "megatron-core"
+    # A year in the column or, for a bare Megatron-LM, in the notes names the generation: 2019 is the 2020 kind
+    # (before interleaving and sequence parallelism), not megatron-core.
+    assert framework_of({"framework": "megatron-lm-2019", "source_id": "X"}, []) == "megatron-lm-2020"
+    assert framework_of({"framework": "Megatron-LM", "source_id": "SHOEYBI2019", "notes": "8.3B, 512 V100"},
+                        []) == "megatron-lm-2020"
+    assert framework_of({"framework": "Megatron-LM", "source_id": "X", "notes": "MT-NLG, 2022"},
+                        []) == "megatron-lm-2021"
+    assert framework_of({"framework": "Megatron-LM", "source_id": "X", "notes": "run of 2024"}, []) == "megatron-core"
     said = []
     assert framework_of({"framework": "JAX"}, said) == "other" and said == [
         "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other, "

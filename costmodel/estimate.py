@@ -82,6 +82,11 @@ MOE_HOST_PER_EXPERT_S = 90e-6
 # where the un-calibrated shape curve gives 7.6 us: 12.5 us more with the faster kernel, taken here. Forward
 # runs two such GEMMs per local expert (fc1, fc2), backward four (dgrad and wgrad of each).
 GROUPED_GEMM_FIXED_S = 12.5e-6
+# Share of the GPU's SMs the all-to-all kernels hold while they run beside another micro-batch's compute
+# (megatron-core --overlap-moe-expert-parallel-comm): DeepSeek-V3 dispatches and combines on 20 of the H800's
+# 132 SMs and finds that enough for the IB and NVLink bandwidth (DeepSeek-V3 Technical Report,
+# arXiv:2412.19437, Sec. 3.2.2), so the compute running under the overlapped communication slows by that share.
+EP_OVERLAP_SM_SHARE = 20.0 / 132.0
 # Per chunk and micro-batch fixed cost of a pipeline hop (p2p launch, synchronisation).
 P2P_FIXED_S = 60e-6
 # Unfused attention (Megatron-LM 2020-2022, Paxml): bytes of HBM traffic per element of the a*s*s score
@@ -357,9 +362,12 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
     moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
     tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal, c.wgrad)
-    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
-    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
-             + 2 * d.t_host)
+    comp = ((2 + c.wgrad) * moe_gemm + d.t_core_f + d.t_core_b + 3 * mb_moe + tp_exp_f + tp_exp_b + d.cp_exp_f
+            + d.cp_exp_b + 3 * t_moe_fixed + 3 * d.t_host)   # forward plus backward, communication aside
+    t_a2a_exposed = _a2a_exposed(c, t_a2a, comp)
+    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a_exposed + t_moe_fixed + d.t_host
+    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a_exposed
+             + 2 * t_moe_fixed + 2 * d.t_host)
     # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
     # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it. A
     # token-drop MoE padded to capacity has static shapes: no token counts go to the host and its layers can be
@@ -370,8 +378,31 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
         * (not model.moe_token_drop)
     return dict(moe_f=np.maximum(moe_f, t_moe_host), moe_b=np.maximum(moe_b, 2 * t_moe_host), mb_moe=mb_moe,
                 t_tp_exposed_moe=0.5 * (tp_exp_f + tp_exp_b),
-                t_a2a=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts, t_moe_fixed=t_moe_fixed,
+                t_a2a=t_a2a_exposed, t_a2a_raw=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts, t_moe_fixed=t_moe_fixed,
                 t_moe_host=t_moe_host)
+
+
+def _a2a_exposed(c: SimpleNamespace, t_a2a, t_comp) -> np.ndarray:
+    """Seconds of a MoE layer's expert-parallel communication (``t_a2a`` each way: dispatch and combine) left
+    exposed in its forward and in its backward, ``t_comp`` its forward plus backward computation.
+
+    All of it without the overlap. With megatron-core's --overlap-moe-expert-parallel-comm the combined 1F1B
+    schedule merges the forward of one micro-batch with the backward of another (combined_1f1b.py): a merged
+    pair takes max(communication, compute) plus the compute slowed by the SMs the all-to-all kernels hold
+    (EP_OVERLAP_SM_SHARE) while both run. Only the steady phase merges: of a rank's m x vpp chunk passes the
+    warm-up's ((pp - 1) on average, twice over the ranks' spread, plus (vpp - 1) pp for interleaving, as Megatron's
+    interleaved schedule counts them) and the one extra forward the overlap schedules run alone, and so do
+    their backward passes in the cool-down."""
+    a = c.a
+    plain = np.broadcast_to(t_a2a, (c.n,)).astype(float)
+    if not np.any(a.moe_a2a_overlap):
+        return plain
+    both = 2.0 * plain
+    merged = np.maximum(both - t_comp, 0.0) + EP_OVERLAP_SM_SHARE * np.minimum(both, t_comp)
+    chunks = c.m * c.vpp
+    warmup = (c.pp - 1.0) + (c.vpp - 1.0) * c.pp
+    steady = np.clip(chunks - warmup - 1.0, 0.0, None) / np.maximum(chunks, 1.0)
+    return np.where(a.moe_a2a_overlap, steady * merged / 2.0 + (1.0 - steady) * plain, plain)
 
 
 def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
@@ -384,7 +415,7 @@ def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
     else:
         lt.moe_f = lt.moe_b = lt.mb_moe = np.zeros(c.n)
         lt.t_tp_exposed_moe = lt.t_tp_exposed
-        lt.t_a2a = np.zeros(c.n)
+        lt.t_a2a = lt.t_a2a_raw = np.zeros(c.n)
     rc = c.a.recompute
     # Selective: the attention core, plus (flash era) the LayerNorms and MLP activation, which are
     # memory-bound: about a third of the layer's element-wise traffic.
@@ -662,6 +693,10 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     offloaded = k_dense * col(act_none_dense) + k_moe * col(act_none_moe)
     per_mb = per_mb - offloaded + np.where(k_dense + k_moe > 0, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     inflight = pipeline.in_flight_microbatches(c.pp, c.vpp, c.m, st.stages.index)
+    if np.any(c.a.moe_a2a_overlap):
+        # The overlap's schedule runs one more forward chunk ahead of its backward (schedules.py: "one extra
+        # micro-batch"): one chunk's activations more on every stage.
+        inflight = inflight + np.where(c.a.moe_a2a_overlap, 1.0 / c.vpp, 0.0)[:, None]
     # Working set of the layer being recomputed / computed (one layer's full activations).
     working = np.where(full, col(np.maximum(act_none_dense, act_none_moe)), 0.0)
     if mtp:   # the module's layer (recomputed like the stage's layers) and its logits
@@ -748,7 +783,7 @@ def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.nda
     details = {"attn_proj_s": lt.t_attn_proj, "attn_core_fwd_s": lt.t_core_f, "attn_core_bwd_s": lt.t_core_b,
                "mlp_dense_s": lt.t_mlp_dense, "memory_bound_dense_s": lt.mb_f, "tp_comm_s": lt.t_tp,
                "layer_dense_fwd_s": lt.dense_f, "layer_dense_bwd_s": lt.dense_b, "layer_moe_fwd_s": lt.moe_f,
-               "layer_moe_bwd_s": lt.moe_b, "a2a_s": lt.t_a2a, "logits_s": st.t_logit, "p2p_s": st.t_p2p}
+               "layer_moe_bwd_s": lt.moe_b, "a2a_s": lt.t_a2a_raw, "logits_s": st.t_logit, "p2p_s": st.t_p2p}
     if c.grad_compression is not None:
         details["grad_compression_s"] = t.t_compress.max(axis=1)
     if model.is_moe:

@@ -110,6 +110,11 @@ class ParallelPlan(FrozenSpec):
     FSDP HYBRID_SHARD's replicate degree): optimizer states (and with zero_stage 2 / 3 gradients / weights) are
     sharded over dp x cp / dist_opt_instances neighbouring ranks and replicated this many times, the replicas
     all-reducing their gradient shards; 1 = sharded over all of dp x cp."""
+    moe_a2a_overlap: bool = False
+    """Overlap each MoE layer's expert-parallel all-to-all with another micro-batch's computation (megatron-core
+    --overlap-moe-expert-parallel-comm, the combined 1F1B schedule: in the steady phase the forward of one
+    micro-batch runs merged with the backward of another, so one's dispatch / combine hides behind the other's
+    compute). Needs ep > 1, interleaving when pp > 1 and no full recompute (costmodel/rules.py)."""
     layers_per_stage: tuple[int, ...] | None = None
     """Transformer layers on each pipeline stage (uneven splits); None = even split."""
     rank_order: str = "tp-cp-ep-dp-pp"
@@ -164,6 +169,7 @@ class PlanArrays:
     distributed_optimizer: np.ndarray
     zero_stage: np.ndarray
     dist_opt_instances: np.ndarray
+    moe_a2a_overlap: np.ndarray
     stage_layers: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -178,14 +184,14 @@ class PlanArrays:
         n = n or max(np.size(v) for v in cols.values())
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
                         recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1,
-                        dist_opt_instances=1)
+                        dist_opt_instances=1, moe_a2a_overlap=False)
         out = {}
         for f in fields(cls):
             if f.name == "stage_layers":
                 out[f.name] = cols.get("stage_layers")
                 continue
             v = cols.get(f.name, defaults[f.name])
-            dtype = bool if f.name in ("sp", "distributed_optimizer") else float
+            dtype = bool if f.name in ("sp", "distributed_optimizer", "moe_a2a_overlap") else float
             out[f.name] = np.broadcast_to(np.asarray(v, dtype=dtype), (n,)).copy()
         return cls(**out)
 
@@ -193,7 +199,7 @@ class PlanArrays:
     def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
         cols = {name: [getattr(p, name) for p in plans] for name in
                 ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
-                 "distributed_optimizer", "zero_stage", "dist_opt_instances")}
+                 "distributed_optimizer", "zero_stage", "dist_opt_instances", "moe_a2a_overlap")}
         cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
         cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
         cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
@@ -220,7 +226,8 @@ class PlanArrays:
                             recompute_layers=None if rl < 0 else int(rl),
                             distributed_optimizer=bool(self.distributed_optimizer[i]),
                             zero_stage=int(self.zero_stage[i]),
-                            dist_opt_instances=int(self.dist_opt_instances[i]))
+                            dist_opt_instances=int(self.dist_opt_instances[i]),
+                            moe_a2a_overlap=bool(self.moe_a2a_overlap[i]))
         sl = self.stage_layers
         if split and sl is not None and not np.isnan(sl[i, 0]):
             plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})

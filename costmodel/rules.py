@@ -46,6 +46,10 @@ Sources (paths are in github.com/NVIDIA/Megatron-LM, megatron-core 0.16 / main):
   one (``distributed_data_parallel.py``: "Partial DistOpt cannot be used without DistOpt"); with
   Megatron-FSDP it needs ep == 1 (``mcore_fsdp_adapter.py`` builds no expert mesh for HSDP).
 
+* moe_a2a_overlap (``--overlap-moe-expert-parallel-comm``): ``TransformerConfig.__post_init__`` (megatron-core
+  0.16.1 transformer_config.py) asserts ep > 1, a virtual pipeline when pp > 1, no full recomputation, a bf16 or
+  fp16 model and at most one MTP layer, which needs pp > 1.
+
 Rules that are not Megatron's but the planner's own consistency (zero_stage vs
 distributed_optimizer, recompute_layers only with full recompute) are marked as such.
 """
@@ -664,6 +668,29 @@ def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     return []
 
 
+def _a2a_overlap_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """megatron-core 0.16.1 TransformerConfig.__post_init__, when overlap_moe_expert_parallel_comm is set."""
+    if not plan.moe_a2a_overlap:
+        return []
+    out = []
+    if plan.ep == 1:
+        out.append("moe_a2a_overlap=True overlaps the expert-parallel all-to-all but ep=1; valid: ep > 1 "
+                   "(an MoE model), or moe_a2a_overlap=False")
+    if plan.pp > 1 and plan.vpp == 1:
+        out.append(f"moe_a2a_overlap=True with pp={plan.pp} needs the interleaved schedule (megatron-core: "
+                   f"virtual_pipeline_model_parallel_size must be set); valid: vpp > 1, pp=1, or moe_a2a_overlap=False")
+    if plan.recompute == "full":
+        out.append("moe_a2a_overlap=True with recompute=full (megatron-core: disable full recomputation); valid: "
+                   "recompute none, selective or offload, or moe_a2a_overlap=False")
+    if model.precision == "fp32":
+        out.append("moe_a2a_overlap=True needs a bf16 or fp16 model (precision=fp32); valid: precision bf16, fp8, "
+                   "mxfp8 or nvfp4, or moe_a2a_overlap=False")
+    if model.mtp_layers > 1 or (model.mtp_layers == 1 and plan.pp == 1):
+        out.append(f"moe_a2a_overlap=True with {model.mtp_layers} MTP layer(s) at pp={plan.pp} (megatron-core: one "
+                   f"MTP layer at most, and then pp > 1); valid: moe_a2a_overlap=False")
+    return out
+
+
 def _rank_order_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     tokens = [t.strip() for t in plan.rank_order.split("-") if t.strip()]
     out: list[str] = []
@@ -733,6 +760,7 @@ def violations(
     out += _layers_per_stage_violations(model, plan)
     out += _recompute_violations(model, plan)
     out += _optimizer_violations(model, plan)
+    out += _a2a_overlap_violations(model, plan)
     out += _rank_order_violations(model, plan)
     return out
 

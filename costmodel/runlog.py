@@ -301,7 +301,7 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
                             recompute=recompute, recompute_layers=layers, distributed_optimizer=zero >= 1,
                             zero_stage=zero, layers_per_stage=framework_split(model.layers, pp, max(vpp, 1)),
                             dist_opt_instances=(a.int("num_distributed_optimizer_instances", default=1) or 1)
-                            if zero >= 1 else 1)
+                            if zero >= 1 else 1, moe_a2a_overlap=a.flag("overlap_moe_expert_parallel_comm"))
     except ValidationError as exc:
         e = exc.errors()[0]
         raise InputError(f"{a.source}: layout field '{'.'.join(map(str, e['loc']))}': {e['msg']}") from None

@@ -658,7 +658,41 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
                         dist_opt_instances=instances)
-    return plan, known
+    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
+
+
+_A2A_OVERLAP = re.compile(r"(overlap[-_ ]moe[-_ ]expert[-_ ]parallel[-_ ]comm|moe[-_ ]a2a[-_ ]overlap"
+                          r"|(?:ep|expert[-_ ]parallel)[-_ ](?:a2a|all[-_ ]to[-_ ]all)[-_ ]overlap"
+                          r"|(?:a2a|all[-_ ]to[-_ ]all)[-_ ]overlap)(?:\s*[=:]\s*(\w+))?")
+
+
+def a2a_overlap_named(notes: str) -> bool | None:
+    """Whether a row's notes name megatron-core's MoE all-to-all overlap (--overlap-moe-expert-parallel-comm,
+    Megatron-Bridge's moe_a2a_overlap, 'EP A2A overlap') as on (True) or off ('=False', 'no a2a overlap');
+    None where they do not name it."""
+    text = notes.lower()
+    m = _A2A_OVERLAP.search(text)
+    if m is None:
+        return None
+    if (m.group(2) or "") in ("false", "0", "off", "no", "none", "disabled") \
+            or re.search(r"(?:\bno|\bw/o|\bwithout)\s*$", text[:m.start()]):
+        return False
+    return True
+
+
+def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str]) -> ParallelPlan:
+    """The plan with the all-to-all overlap its notes name (ParallelPlan.moe_a2a_overlap), where megatron-core
+    allows it (ep > 1, interleaving when pp > 1, no full recompute); else as it is, and the row says why."""
+    if not a2a_overlap_named(notes):
+        return plan
+    why = ("ep=1" if plan.ep == 1 else f"pp={plan.pp} without a published interleaving" if plan.pp > 1 and plan.vpp == 1
+           else "full recompute" if plan.recompute == "full" else "")
+    if why:
+        assumed.append(f"moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core does not "
+                       f"run with {why})")
+        return plan
+    assumed.append("moe_a2a_overlap=True (from the notes)")
+    return plan.model_copy(update={"moe_a2a_overlap": True})
 
 
 _REPLICAS = re.compile(r"(?:num[-_ ]distributed[-_ ]optimizer[-_ ]instances|optimizer[-_ ]instances|dp[-_ ]?replicate"
@@ -997,7 +1031,8 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
     """What a framework user tries, in order, until the run fits: no recompute; with megatron-core at pp 1 on a
     GPU whose host link is known, offloading a growing share of the layers' activations to host memory
     (--cpu-offloading-num-layers); selective; then full recompute of a growing number of layers per stage
-    (Megatron --recompute-num-layers), then all. :func:`predict_case` takes the fastest that fits."""
+    (Megatron --recompute-num-layers), then all, without the all-to-all overlap, which megatron-core does not run
+    with full recompute. :func:`predict_case` takes the fastest that fits."""
     per_stage = max(1, model.layers // plan.pp)
     chunk = max(1, per_stage // plan.vpp)
     opts = [plan.model_copy(update={"recompute": "none", "recompute_layers": None})]
@@ -1010,8 +1045,9 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
     for frac in (0.125, 0.25, 0.5, 0.75):
         k = max(1, int(round(chunk * frac)))
         if k < chunk:
-            opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": k * plan.vpp}))
-    opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": None}))
+            opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": k * plan.vpp,
+                                                "moe_a2a_overlap": False}))
+    opts.append(plan.model_copy(update={"recompute": "full", "recompute_layers": None, "moe_a2a_overlap": False}))
     return opts
 
 
@@ -1135,6 +1171,9 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
+    if plans[idx].moe_a2a_overlap != case.plan.moe_a2a_overlap:
+        assumed.append("moe_a2a_overlap=False (what fits is full recompute, which megatron-core does not run with "
+                       "the all-to-all overlap)")
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
                        f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")

@@ -266,6 +266,8 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         for e2 in (ep * 2, ep // 2 if ep % 2 == 0 else None):
             if e2:
                 moves.append(("ep", {"ep": e2}))
+        # The all-to-all hidden behind another micro-batch (--overlap-moe-expert-parallel-comm), or not.
+        moves.append(("a2a overlap", {"moe_a2a_overlap": not plan.moe_a2a_overlap}))
     # Data-parallel sharding: FSDP (ZeRO-3, pp 1 only) <-> the distributed optimizer (ZeRO-1).
     if plan.zero_stage >= 2:
         moves.append(("zero", {"zero_stage": 1, "distributed_optimizer": True}))
@@ -329,8 +331,8 @@ def _split_str(model: ModelSpec, p: ParallelPlan) -> str:
 def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> str:
     """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
     changes: list[tuple[str, str, str]] = []
-    for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "dist_opt_instances", "micro_batch", "recompute",
-              "recompute_layers"):
+    for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "dist_opt_instances", "moe_a2a_overlap",
+              "micro_batch", "recompute", "recompute_layers"):
         a, b = getattr(base, f), getattr(alt, f)
         if a != b:
             changes.append((f, str(a), str(b)))

@@ -304,6 +304,9 @@ def _check_parser() -> _Parser:
     ap.add_argument("--dist-opt-instances", type=_count, default=1, metavar="R",
                     help="replicas of the sharded state (megatron-core --num-distributed-optimizer-instances; with "
                          "--zero-stage 3 HSDP): shard over dp x cp / R neighbouring ranks, all-reduce over R (default 1)")
+    ap.add_argument("--moe-a2a-overlap", action="store_true",
+                    help="overlap each MoE layer's all-to-all with another micro-batch's compute (megatron-core "
+                         "--overlap-moe-expert-parallel-comm: ep > 1, vpp > 1 when pp > 1, no full recompute)")
     ap.add_argument("--group", help="with a cluster of device groups: check the layout on this group alone")
     split = ap.add_mutually_exclusive_group()
     split.add_argument("--layers-per-stage", metavar="N,N,...",
@@ -373,7 +376,8 @@ def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
                                   f"dp{plan.dp} cp{plan.cp} ep{plan.ep}, mbs {plan.micro_batch}, {plan.recompute}, "
                                   f"{zero_label(plan.zero_stage)}" + (
                                       f", {plan.dist_opt_instances} replicas of {plan.shard_group}"
-                                      f"-rank shards" if plan.dist_opt_instances > 1 else ""), trust))
+                                      f"-rank shards" if plan.dist_opt_instances > 1 else "")
+                                  + (", all-to-all overlapped" if plan.moe_a2a_overlap else ""), trust))
     if t.layers_per_stage is not None:
         con.print(f"layers per pipeline rank: {','.join(str(x) for x in t.layers_per_stage)}; Megatron layout: "
                   f"{t.layout}", markup=False, highlight=False)

@@ -487,6 +487,10 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
             # validate_args (before Blackwell) warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1 here.
             f.notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
                          "CUDA_DEVICE_MAX_CONNECTIONS (1 vs more) before Blackwell; FSDP's requirement wins")
+    if plan.moe_a2a_overlap:
+        # megatron-core 0.16.1 ModelParallelConfig.overlap_moe_expert_parallel_comm (the combined 1F1B schedule);
+        # its rules (costmodel/rules.py) are checked before the arguments are written.
+        f.out.append("--overlap-moe-expert-parallel-comm")
     if core:
         # The cost model counts the logits as Transformer Engine's fused cross-entropy keeps them, in place
         # (costmodel/memory.py LOGITS_BYTES_TE_FUSED); megatron-core model_parallel_config.py:241-246
@@ -713,6 +717,7 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
     if "--use-tp-pp-dp-mapping" in f:
         out["rank_order"] = _TP_PP_DP_ORDER
     out["dist_opt_instances"] = _int(f, "--num-distributed-optimizer-instances", 1) or 1
+    out["moe_a2a_overlap"] = "--overlap-moe-expert-parallel-comm" in f
     return out
 
 

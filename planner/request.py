@@ -299,6 +299,8 @@ class CheckRequest(PlanRequest):
     """None: 1 (distributed optimizer), 0 with no_distributed_optimizer."""
     dist_opt_instances: int = 1
     """Replicas of the sharded data-parallel state (HSDP / partial distributed optimizer)."""
+    moe_a2a_overlap: bool = False
+    """Overlap the MoE all-to-all with another micro-batch's compute (--overlap-moe-expert-parallel-comm)."""
     group: str | None = None
     """The device group to check on, for a cluster of device groups."""
     layers_per_stage: str | None = None
@@ -329,7 +331,7 @@ class CheckRequest(PlanRequest):
                             sequence_parallel=not self.no_sequence_parallel, micro_batch=self.micro_batch,
                             global_batch=gbs, recompute=self.recompute, recompute_layers=self.recompute_layers,
                             distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps,
-                            dist_opt_instances=self.dist_opt_instances)
+                            dist_opt_instances=self.dist_opt_instances, moe_a2a_overlap=self.moe_a2a_overlap)
         check_plan(model, plan, cluster.num_gpus)
         if plan.recompute == "offload":
             from costmodel.profiles import load_profile

@@ -13,8 +13,8 @@ business). The script writes hardware_profiles/trust/intervals.json.
 Support. The validated runs (hardware_profiles/trust/validated_runs.json, written by the same script from
 data/validation/published_runs.csv) near a plan: Megatron runs (Paxml's are not of the planner's program)
 of the same GPU family (generation), same data-parallel sharding
-(distributed optimizer / DDP, or Megatron-FSDP = ZeRO-2/3), same regime of pp, cp and ep (> 1 or not),
-dense or MoE, and within 4x in GPUs. A plan with fewer than ``thin_support`` of them gets its class's
+(distributed optimizer / DDP, or Megatron-FSDP = ZeRO-2/3), same regime of pp, cp and ep (> 1 or not) and of
+the MoE all-to-all overlap (on or off), dense or MoE, and within 4x in GPUs. A plan with fewer than ``thin_support`` of them gets its class's
 interval widened about P50 by ``thin_width_factor``: the smallest factor with which the cross-validated
 rows that had thin support in their own training fold are covered as often as the nominal 80%.
 
@@ -201,7 +201,11 @@ def describe_run(row: int, source_id: str, model: ModelSpec, cluster: ClusterSpe
         + [f"{k}{getattr(plan, k)}" for k in ("cp", "ep") if getattr(plan, k) > 1]
     if plan.zero_stage >= FSDP_MIN_STAGE:
         parts.append("fsdp")
-    return {"row": row, "source_id": source_id, "model_name": model.name, "gpu_type": cluster.gpu,
+    # The overlap is recorded only where a run had it (the shared runs do not), so the file stays as it was.
+    overlap = {"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}
+    if overlap:
+        parts.append("a2a-overlap")
+    return {**overlap, "row": row, "source_id": source_id, "model_name": model.name, "gpu_type": cluster.gpu,
             "software": software(plan.framework),
             "generation": _generation(cluster), "moe": model.num_experts > 0, "num_gpus": cluster.num_gpus,
             "tp": plan.tp, "pp": plan.pp, "vpp": plan.vpp, "cp": plan.cp, "ep": plan.ep, "dp": plan.dp,
@@ -213,7 +217,7 @@ def training_support(runs: list[dict], folds: list[str]) -> np.ndarray:
     gen = np.array([f"{r['generation'] or ''}/{r['software']}" for r in runs])
     moe = np.array([r["moe"] for r in runs], dtype=bool)
     gpus = np.array([r["num_gpus"] for r in runs], dtype=float)
-    code = np.array([regime_code(r["zero_stage"], r["pp"], r["cp"], r["ep"]) for r in runs])
+    code = np.array([_run_code(r) for r in runs])
     fold = np.array(folds)
     near = ((gen[:, None] == gen[None, :]) & (moe[:, None] == moe[None, :]) & (code[:, None] == code[None, :])
             & (gpus[:, None] <= gpus[None, :] * SCALE_SPAN) & (gpus[None, :] <= gpus[:, None] * SCALE_SPAN)
@@ -283,7 +287,7 @@ def _parse_json(path: Path, _mtime_ns: int, _size: int) -> dict:
             "software": np.array([r["software"] for r in runs]),
             "moe": np.array([r["moe"] for r in runs], dtype=bool),
             "num_gpus": np.array([r["num_gpus"] for r in runs], dtype=float),
-            "code": np.array([regime_code(r["zero_stage"], r["pp"], r["cp"], r["ep"]) for r in runs], dtype=int),
+            "code": np.array([_run_code(r) for r in runs], dtype=int),
         }
     return data
 
@@ -300,10 +304,16 @@ def validated_runs(path: Path = RUNS_FILE) -> dict:
 # Per plan, vectorised
 # ---------------------------------------------------------------------------------------------------------
 
-def regime_code(zero_stage, pp, cp, ep):
-    """The plan-dependent part of the support key (scalars or arrays): FSDP, pp > 1, cp > 1, ep > 1 as bits."""
-    return ((np.asarray(zero_stage) >= FSDP_MIN_STAGE).astype(int) * 8 + (np.asarray(pp) > 1) * 4
+def regime_code(zero_stage, pp, cp, ep, a2a_overlap=False):
+    """The plan-dependent part of the support key (scalars or arrays): the MoE all-to-all overlap, FSDP, pp > 1,
+    cp > 1, ep > 1 as bits."""
+    return (np.asarray(a2a_overlap, dtype=bool).astype(int) * 16
+            + (np.asarray(zero_stage) >= FSDP_MIN_STAGE).astype(int) * 8 + (np.asarray(pp) > 1) * 4
             + (np.asarray(cp) > 1) * 2 + (np.asarray(ep) > 1) * 1)
+
+
+def _run_code(run: dict) -> int:
+    return int(regime_code(run["zero_stage"], run["pp"], run["cp"], run["ep"], run.get("moe_a2a_overlap", False)))
 
 
 def _generation(cluster: ClusterSpec) -> str | None:
@@ -325,11 +335,11 @@ def _support_mask(runs: dict, generation: str | None, moe: bool, num_gpus: int,
 
 def support_counts(model: ModelSpec, cluster: ClusterSpec, plans, runs: dict | None = None,
                    framework: str = "megatron-core") -> np.ndarray:
-    """Validated runs near each plan (PlanArrays): one class lookup per call, then a table of 16 regimes."""
+    """Validated runs near each plan (PlanArrays): one class lookup per call, then a table of 32 regimes."""
     runs = runs or validated_runs()
     mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, framework)
-    table = np.bincount(runs["_arrays"]["code"][mask], minlength=16)
-    return table[regime_code(plans.zero_stage, plans.pp, plans.cp, plans.ep)]
+    table = np.bincount(runs["_arrays"]["code"][mask], minlength=32)
+    return table[regime_code(plans.zero_stage, plans.pp, plans.cp, plans.ep, plans.moe_a2a_overlap)]
 
 
 def interval_class(model: ModelSpec, cluster: ClusterSpec, data: dict | None = None) -> tuple[str, list[float]]:
@@ -374,7 +384,7 @@ def nearest_runs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, lim
     """The validated runs near one plan, closest in GPU count first (then same tp, then same pp)."""
     runs = validated_runs()
     mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, plan.framework)
-    code = int(regime_code(plan.zero_stage, plan.pp, plan.cp, plan.ep))
+    code = int(regime_code(plan.zero_stage, plan.pp, plan.cp, plan.ep, plan.moe_a2a_overlap))
     idx = np.flatnonzero(mask & (runs["_arrays"]["code"] == code))
     rows = [runs["runs"][i] for i in idx]
     rows.sort(key=lambda r: (abs(math.log(r["num_gpus"] / cluster.num_gpus)), r["tp"] != plan.tp, r["pp"] != plan.pp))

@@ -135,3 +135,16 @@ def test_published_rows_take_the_overlap_their_notes_name(tmp_path):
     assert not no_vp.plan.moe_a2a_overlap and any(
         a.startswith("moe_a2a_overlap=False (the notes name the all-to-all overlap") for a in no_vp.assumed)
     assert predict_case(named)["predicted_step_time_s"] < predict_case(plain)["predicted_step_time_s"] - 0.2
+
+
+def test_no_validated_run_supports_an_overlapped_plan():
+    # Support keys on the overlap too: the shared runs ran without it, so the overlapped plan is thin (the wider
+    # interval) where the same plan without it has its neighbours.
+    from costmodel.trust import plan_trust
+
+    plain, overlapped = _plan(), _plan(moe_a2a_overlap=True)
+    a, b = plan_trust(QWEN, H100, plain, 2.0), plan_trust(QWEN, H100, overlapped, 2.0)
+    assert a["support_runs"] > 0 and not a["thin_support"]
+    assert b["support_runs"] == 0 and b["thin_support"] and b["nearest_validated_runs"] == []
+    assert b["predicted_p90_step_time_s"] - b["predicted_p10_step_time_s"] > \
+        a["predicted_p90_step_time_s"] - a["predicted_p10_step_time_s"]

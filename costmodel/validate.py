@@ -929,6 +929,14 @@ def _check_numbers(row: dict) -> float:
     return t
 
 
+def _delimiter(header: str) -> str:
+    """The field separator of a published-runs file, read off its header line: a comma, or, where the header has
+    none, a tab, semicolon or bar (spreadsheet exports)."""
+    if "," in header:
+        return ","
+    return max("\t;|", key=header.count) if any(d in header for d in "\t;|") else ","
+
+
 def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case], list[dict]]:
     """Scored rows as cases; rows that cannot be turned into a case come back as errors. With ``unpublished`` a
     row whose only fault is that it gives no step time (NoStepTime) is a case too, with a NaN published step
@@ -938,14 +946,17 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
     if "\0" in text:
         raise InputError(f"{p}: not a CSV file (it holds NUL bytes); expected the columns of "
                          f"data/validation/published_runs.csv")
-    reader = csv.DictReader(text.splitlines())
+    lines = text.splitlines()
+    reader = csv.DictReader(lines, delimiter=_delimiter(lines[0] if lines else ""))
     try:
         cols = reader.fieldnames or []
         # Header names as the schema spells them: surrounding spaces and capitals do not matter.
         cols = reader.fieldnames = [c.strip().lower() if isinstance(c, str) else c for c in cols]
     except csv.Error as exc:
         raise InputError(f"{p}: malformed CSV header ({exc})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+    # A file without a source_id column is one source, named after the file.
+    one_source = p.stem if "source_id" not in cols and any(c in cols for c in REQUIRED_COLUMNS) else None
+    missing = [c for c in REQUIRED_COLUMNS if c not in cols and not (c == "source_id" and one_source)]
     if "step_time_s" not in cols and not {"measured_metric", "measured_value"} <= set(cols):
         missing.append("step_time_s (or measured_metric and measured_value)")
     if missing:
@@ -965,6 +976,9 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
         if "scored" in cols and (row.get("scored") or "").strip().lower() not in _YES:
             continue
         assumed: list[str] = []
+        if one_source:
+            row["source_id"] = one_source
+            assumed.append(f"source_id={one_source} (the file has no source_id column: one source)")
         try:
             # Numbers as tables print them, before and after the catalog fills a blank seq_len (a batch in tokens).
             row = normalise_numbers(fill_from_catalog(normalise_numbers(row, assumed), assumed), assumed)

@@ -134,6 +134,28 @@ def test_validate_derives_the_step_time_without_step_time_or_scored_columns(caps
     assert (overall["count"], overall["predicted"], overall["unscored"], overall["misses"]) == (2, 1, 1, 0)
 
 
+def test_validate_reads_a_file_without_source_ids_and_other_separators(capsys, tmp_path):
+    """A spreadsheet export: no source_id column (the file is one source, named after it), tab- or
+    semicolon-separated, with a byte-order mark; every one predicts the row as the comma-separated original."""
+    row = _good_row()
+    cols = [c for c in row if c != "source_id"]
+    base = _write_csv(tmp_path / "lab_runs.csv", [row], cols)
+    text = Path(base).read_text()
+    files = {"lab_runs.csv": None, "tabs.tsv": text.replace(",", "\t"), "semi.csv": text.replace(",", ";")}
+    got = {}
+    for name, body in files.items():
+        if body is not None:
+            (tmp_path / name).write_text(body, encoding="utf-8-sig")
+        out_json = tmp_path / f"{name}.json"
+        rc, _, _ = run_cli(capsys, ["validate", tmp_path / name, "--json", out_json])
+        r = json.loads(out_json.read_text())["rows"][0]
+        assert rc == 0 and r["error"] is None
+        assert r["source_id"] == Path(name).stem and f"source_id={Path(name).stem} (the file has no source_id " \
+            "column: one source)" in r["assumed"]
+        got[name] = r["predicted_step_time_s"]
+    assert len(set(got.values())) == 1
+
+
 def test_validate_csv_without_any_step_time_column(capsys, tmp_path):
     row = _good_row()
     cols = [c for c in row if c not in ("step_time_s", "measured_value")]

@@ -115,7 +115,7 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
             continue
         if not p.exists():
             raise InputError(f"{spec}: file not found")
-        if p.suffix.lower() == ".csv":
+        if p.suffix.lower() in (".csv", ".tsv"):   # published-runs tables (a .tsv: tab-separated export)
             cases, errors = load_cases(p, unpublished=True)
             # A row of this GPU type that cannot be read is left out and named (as plan validate reports it);
             # rows of other (or unknown) GPUs are not used.

@@ -130,8 +130,28 @@ def collective_time_s(profile: HardwareProfile, cluster: ClusterSpec, collective
     return np.where((size > 1) & (nbytes > 0), t, 0.0)
 
 
+def _groups_reached(groups: int, chosen: int, topk: int, places) -> np.ndarray:
+    """Expected places (domains or GPUs, ``places`` of them, the routed experts spread evenly over them) a token
+    reaches when its ``topk`` experts come from ``chosen`` expert groups of ``groups`` (group-limited routing;
+    megatron-core assigns experts to expert-parallel ranks in order, so a group of consecutive experts sits on
+    consecutive ranks). Places holding whole groups (groups / places >= 1 of them): those holding a chosen group,
+    each missed with probability C(groups - groups/places, chosen) / C(groups, chosen), and no more than topk
+    experts drawn freely reach. Groups spanning several places: the chosen groups cover chosen x places / groups
+    of them, over which the experts spread."""
+    places = np.maximum(np.asarray(places, dtype=float), 1.0)
+    per = groups / places
+    miss = np.ones_like(places)
+    for i in range(chosen):
+        miss = miss * np.clip((groups - per - i) / (groups - i), 0.0, None)
+    free = places * (1.0 - (1.0 - 1.0 / places) ** topk)
+    cover = np.maximum(chosen * places / groups, 1.0)
+    spread = cover * (1.0 - (1.0 - 1.0 / cover) ** topk)
+    return np.where(per >= 1.0, np.minimum(places * (1.0 - miss), free), spread)
+
+
 def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_bytes, topk: int,
-                        size, k, n_domains, nvlink_factor: float = 1.0) -> np.ndarray:
+                        size, k, n_domains, nvlink_factor: float = 1.0,
+                        groups: tuple[int, int] | None = None) -> np.ndarray:
     """One MoE dispatch (or combine) all-to-all of ``token_bytes`` (the rank's tokens, one copy each).
 
     Hierarchical dispatch as DeepEP and megatron-core's flex dispatcher run it: a token crosses the
@@ -147,6 +167,11 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
     GPUs, N (k_dom - 1) p copies of a rank's tokens in all (own domain plus those it relays from its network
     peers). For 8 experts over 8 GPUs that is 4.6 copies where a copy per expert would be 7.
 
+    Group-limited routing (``groups`` = (expert groups, groups a token may use): DeepSeek-V3's 8 and 4, megatron-core
+    --moe-router-num-groups / --moe-router-group-topk) confines a token's experts to the places holding its chosen
+    groups (:func:`_groups_reached`), fewer than k experts drawn freely would reach: DeepSeek-V3 sends each token to at
+    most 4 nodes (arXiv:2412.19437, Sec. 2.1.2); with ep 64 over 8 nodes, 4 remote-or-local domains instead of 5.25.
+
     ``nvlink_factor`` (the profile's fitted a2a_time) scales the NVLink part alone. The published MoE runs it
     is fitted to hold expert parallelism inside one NVLink domain far more often than across domains, so the
     factor measures how the dispatch kernels (and whatever of them overlaps) fare there; the network part is
@@ -159,7 +184,11 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
 
     def reached(n):
         # Probability that one of n equal places (domains, GPUs) holds any of the token's topk experts.
-        return 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** topk
+        free = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** topk
+        if groups is None:
+            return free
+        n = np.maximum(np.asarray(n, dtype=float), 1.0)
+        return _groups_reached(groups[0], groups[1], topk, n) / n
 
     remote = reached(N) * (N - 1.0)   # remote domains the token reaches
     inter_bytes = token_bytes * remote

@@ -355,8 +355,9 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
     mb_moe = compute.memory_bound_time_s(prof, eb * (d.elem_attn + elem_shared
                                                       + cal.moe_overhead * (elem_exp + own * E * 3)))
+    limited = ((model.moe_router_groups, model.moe_router_group_topk) if model.moe_router_groups else None)
     t_a2a = 2 * comm.moe_dispatch_time_s(prof, cluster, own * h * eb * imb, k_top, ep, c.ep_k, c.ep_N,
-                                         nvlink_factor=cal.a2a_time)
+                                         nvlink_factor=cal.a2a_time, groups=limited)
     t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
     t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")

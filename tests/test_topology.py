@@ -72,3 +72,23 @@ def test_fitted_all_to_all_factor_scales_the_nvlink_part_of_the_dispatch_only():
     across = [float(moe_dispatch_time_s(prof, c, token_bytes, 8, 32, 8, 4, nvlink_factor=f)) for f in (1.0, 0.25, 2.0)]
     assert across[0] > inside[0]                      # the network part sets the pace
     assert np.isclose(across[1], across[0], rtol=1e-12) and np.isclose(across[2], across[0], rtol=1e-12)
+
+
+def test_group_limited_routing_reaches_fewer_nodes():
+    """DeepSeek-V3's routing picks 4 of 8 expert groups per token, and a group of consecutive experts sits on
+    consecutive ranks: with ep 64 over 8 nodes each group is one node, so a token reaches 4 nodes (3.5 of them
+    remote) where 8 experts drawn freely reach 8(1-(7/8)^8) = 5.25 (4.59 remote); with ep 32 over 4 nodes (two
+    groups a node) 4(1 - C(6,4)/C(8,4)) = 3.14 nodes instead of 3.60. The network part, which sets the pace
+    across nodes, shrinks in proportion."""
+    from costmodel.comm import _groups_reached
+
+    assert np.allclose(_groups_reached(8, 4, 8, np.array([8.0, 4.0])), [4.0, 4 * (1 - 15 / 70)])
+    # Groups spanning several GPUs: the chosen groups cover 4 x 64 / 8 = 32 GPUs, over which the experts spread.
+    assert np.isclose(float(_groups_reached(8, 4, 8, 64.0)), 32 * (1 - (31 / 32) ** 8))
+    # One group chosen of one: no limit.
+    assert np.isclose(float(_groups_reached(1, 1, 8, 8.0)), 8 * (1 - (7 / 8) ** 8))
+    c, prof = load_cluster("h100x512"), load_profile("H100")
+    token_bytes, lat = 64e6, prof.latency_s("all_to_all")
+    free = float(moe_dispatch_time_s(prof, c, token_bytes, 8, 64, 8, 8)) - 2 * lat
+    limited = float(moe_dispatch_time_s(prof, c, token_bytes, 8, 64, 8, 8, groups=(8, 4))) - 2 * lat
+    assert np.isclose(limited / free, 3.5 / (8 * (1 - (7 / 8) ** 8) * 7 / 8), rtol=0.02)

@@ -184,9 +184,8 @@ def moe_dispatch_time_s(profile: HardwareProfile, cluster: ClusterSpec, token_by
 
     def reached(n):
         # Probability that one of n equal places (domains, GPUs) holds any of the token's topk experts.
-        free = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** topk
         if groups is None:
-            return free
+            return 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** topk
         n = np.maximum(np.asarray(n, dtype=float), 1.0)
         return _groups_reached(groups[0], groups[1], topk, n) / n
 

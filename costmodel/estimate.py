@@ -379,8 +379,8 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
         * (not model.moe_token_drop)
     return dict(moe_f=np.maximum(moe_f, t_moe_host), moe_b=np.maximum(moe_b, 2 * t_moe_host), mb_moe=mb_moe,
                 t_tp_exposed_moe=0.5 * (tp_exp_f + tp_exp_b),
-                t_a2a=t_a2a_exposed, t_a2a_raw=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts, t_moe_fixed=t_moe_fixed,
-                t_moe_host=t_moe_host)
+                t_a2a=t_a2a_exposed, t_a2a_raw=t_a2a, t_shared=t_shared, t_router=t_router, t_experts=t_experts,
+                t_moe_fixed=t_moe_fixed, t_moe_host=t_moe_host)
 
 
 def _a2a_exposed(c: SimpleNamespace, t_a2a, t_comp) -> np.ndarray:
@@ -390,10 +390,10 @@ def _a2a_exposed(c: SimpleNamespace, t_a2a, t_comp) -> np.ndarray:
     All of it without the overlap. With megatron-core's --overlap-moe-expert-parallel-comm the combined 1F1B
     schedule merges the forward of one micro-batch with the backward of another (combined_1f1b.py): a merged
     pair takes max(communication, compute) plus the compute slowed by the SMs the all-to-all kernels hold
-    (EP_OVERLAP_SM_SHARE) while both run. Only the steady phase merges: of a rank's m x vpp chunk passes the
-    warm-up's ((pp - 1) on average, twice over the ranks' spread, plus (vpp - 1) pp for interleaving, as Megatron's
-    interleaved schedule counts them) and the one extra forward the overlap schedules run alone, and so do
-    their backward passes in the cool-down."""
+    (EP_OVERLAP_SM_SHARE) while both run. Only the steady phase merges. Of a rank's m x vpp chunk passes, the
+    warm-up forwards run alone (Megatron's interleaved schedule warms up with 2 (pp - rank - 1) + (vpp - 1) pp
+    of them, (pp - 1) + (vpp - 1) pp on average over the ranks), and so does the one extra forward the overlap
+    schedules; their backward passes run alone in the cool-down."""
     a = c.a
     plain = np.broadcast_to(t_a2a, (c.n,)).astype(float)
     if not np.any(a.moe_a2a_overlap):

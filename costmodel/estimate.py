@@ -363,12 +363,14 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
     moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
     tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal, c.wgrad)
-    comp = ((2 + c.wgrad) * moe_gemm + d.t_core_f + d.t_core_b + 3 * mb_moe + tp_exp_f + tp_exp_b + d.cp_exp_f
-            + d.cp_exp_b + 3 * t_moe_fixed + 3 * d.t_host)   # forward plus backward, communication aside
-    t_a2a_exposed = _a2a_exposed(c, t_a2a, comp)
-    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a_exposed + t_moe_fixed + d.t_host
-    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a_exposed
-             + 2 * t_moe_fixed + 2 * d.t_host)
+    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
+    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
+             + 2 * d.t_host)
+    t_a2a_exposed = t_a2a
+    if np.any(c.a.moe_a2a_overlap):
+        # Forward plus backward computation, communication aside: what the overlap can hide the all-to-all behind.
+        t_a2a_exposed = _a2a_exposed(c, t_a2a, moe_f + moe_b - 2.0 * t_a2a)
+        moe_f, moe_b = moe_f - t_a2a + t_a2a_exposed, moe_b - t_a2a + t_a2a_exposed
     # Host floor (GPU profiles; a CPU-host profile's layer_overhead_s already is its host time): the layer
     # cannot finish before the host has issued it. Scaled by moe_overhead: the system's host CPU sets it. A
     # token-drop MoE padded to capacity has static shapes: no token counts go to the host and its layers can be
@@ -387,23 +389,20 @@ def _a2a_exposed(c: SimpleNamespace, t_a2a, t_comp) -> np.ndarray:
     """Seconds of a MoE layer's expert-parallel communication (``t_a2a`` each way: dispatch and combine) left
     exposed in its forward and in its backward, ``t_comp`` its forward plus backward computation.
 
-    All of it without the overlap. With megatron-core's --overlap-moe-expert-parallel-comm the combined 1F1B
+    All of it for plans without the overlap. With megatron-core's --overlap-moe-expert-parallel-comm the combined 1F1B
     schedule merges the forward of one micro-batch with the backward of another (combined_1f1b.py): a merged
     pair takes max(communication, compute) plus the compute slowed by the SMs the all-to-all kernels hold
     (EP_OVERLAP_SM_SHARE) while both run. Only the steady phase merges. Of a rank's m x vpp chunk passes, the
     warm-up forwards run alone (Megatron's interleaved schedule warms up with 2 (pp - rank - 1) + (vpp - 1) pp
     of them, (pp - 1) + (vpp - 1) pp on average over the ranks), and so does the one extra forward the overlap
     schedules; their backward passes run alone in the cool-down."""
-    a = c.a
     plain = np.broadcast_to(t_a2a, (c.n,)).astype(float)
-    if not np.any(a.moe_a2a_overlap):
-        return plain
     both = 2.0 * plain
     merged = np.maximum(both - t_comp, 0.0) + EP_OVERLAP_SM_SHARE * np.minimum(both, t_comp)
     chunks = c.m * c.vpp
     warmup = (c.pp - 1.0) + (c.vpp - 1.0) * c.pp
     steady = np.clip(chunks - warmup - 1.0, 0.0, None) / np.maximum(chunks, 1.0)
-    return np.where(a.moe_a2a_overlap, steady * merged / 2.0 + (1.0 - steady) * plain, plain)
+    return np.where(c.a.moe_a2a_overlap, steady * merged / 2.0 + (1.0 - steady) * plain, plain)
 
 
 def layer_terms(c: SimpleNamespace) -> SimpleNamespace:

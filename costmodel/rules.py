@@ -68,6 +68,7 @@ from costmodel.specs import ModelSpec
 
 __all__ = [
     "PlanError",
+    "a2a_overlap_violations",
     "check_plan",
     "divisors",
     "schedule_notes",
@@ -668,7 +669,7 @@ def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     return []
 
 
-def _a2a_overlap_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+def a2a_overlap_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     """megatron-core 0.16.1 TransformerConfig.__post_init__, when overlap_moe_expert_parallel_comm is set."""
     if not plan.moe_a2a_overlap:
         return []
@@ -760,7 +761,7 @@ def violations(
     out += _layers_per_stage_violations(model, plan)
     out += _recompute_violations(model, plan)
     out += _optimizer_violations(model, plan)
-    out += _a2a_overlap_violations(model, plan)
+    out += a2a_overlap_violations(model, plan)
     out += _rank_order_violations(model, plan)
     return out
 

@@ -682,17 +682,19 @@ def a2a_overlap_named(notes: str) -> bool | None:
 
 def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str]) -> ParallelPlan:
     """The plan with the all-to-all overlap its notes name (ParallelPlan.moe_a2a_overlap), where megatron-core
-    allows it (ep > 1, interleaving when pp > 1, no full recompute); else as it is, and the row says why."""
+    allows it (costmodel.rules.a2a_overlap_violations); else as it is, and the row says why."""
+    from costmodel.rules import a2a_overlap_violations
+
     if not a2a_overlap_named(notes):
         return plan
-    why = ("ep=1" if plan.ep == 1 else f"pp={plan.pp} without a published interleaving" if plan.pp > 1 and plan.vpp == 1
-           else "full recompute" if plan.recompute == "full" else "")
+    overlapped = plan.model_copy(update={"moe_a2a_overlap": True})
+    why = a2a_overlap_violations(model, overlapped)
     if why:
         assumed.append(f"moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core does not "
-                       f"run with {why})")
+                       f"run here: {why[0]})")
         return plan
     assumed.append("moe_a2a_overlap=True (from the notes)")
-    return plan.model_copy(update={"moe_a2a_overlap": True})
+    return overlapped
 
 
 _REPLICAS = re.compile(r"(?:num[-_ ]distributed[-_ ]optimizer[-_ ]instances|optimizer[-_ ]instances|dp[-_ ]?replicate"

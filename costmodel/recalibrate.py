@@ -89,6 +89,20 @@ def factor_support(profile: HardwareProfile, name: str) -> float:
     return cal.fitted_rows.get(name, 0) + POOLED_RUN_WEIGHT * cal.fitted_rows_pooled.get(name, 0)
 
 
+def micro_batch_pairs(measurements: list[Measurement]) -> int:
+    """How many runs repeat another run's model, cluster and layout at another micro-batch size.
+
+    Such a pair pins down the host time per layer and micro-batch (layer_overhead_s): the GEMM,
+    attention and communication factors scale with the tokens of a step, the host time with its count of
+    micro-batches. One H200, 1.1B model without Transformer Engine (examples/gpu_check_h200): 2.15 s per
+    step at micro-batch 1 and 1.19 s at 4, both predicted 0.93 s by the freshly measured profile."""
+    sizes: dict[tuple, set[int]] = {}
+    for m in measurements:
+        key = (m.model, m.cluster, m.plan.model_copy(update={"micro_batch": 1}))
+        sizes.setdefault(key, set()).add(m.plan.micro_batch)
+    return sum(len(v) - 1 for v in sizes.values())
+
+
 def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tuple[list[str], dict[str, float]]:
     """The factors a set of runs determines, most determined first, and every candidate's sensitivity, in
     ranking order (the first of them are the factors).
@@ -96,12 +110,16 @@ def factors_for(measurements: list[Measurement], profile: HardwareProfile) -> tu
     A factor ranks by how far it moves the runs towards their measurements (factor_sensitivity) over the square
     root of 1 + the runs that already pin it down (factor_support): the spread of a factor fitted to n runs
     shrinks like 1/sqrt(1 + n), so the update goes where the profile knows least. A profile fitted to no runs
-    (defaults, plan profile) ranks by sensitivity alone."""
+    (defaults, plan profile) ranks by sensitivity alone. Runs that repeat a layout at another micro-batch
+    size (micro_batch_pairs) also fit layer_overhead_s, in place of the last ranked factor when there would
+    be more factors than runs."""
     cands = [n for n in relevant_factors(measurements) if n not in NOT_FROM_FEW_RUNS]
     sens = factor_sensitivity(measurements, profile, cands)
     ranked = sorted(cands, key=lambda n: -sens[n] / np.sqrt(1.0 + factor_support(profile, n)))
     n = len(measurements)
     k = 1 if n <= 2 else min(len(ranked), (n + 1) // 2)
+    if micro_batch_pairs(measurements):
+        return ranked[:min(k, n - 1)] + ["layer_overhead_s"], {name: sens[name] for name in ranked}
     return ranked[:k], {name: sens[name] for name in ranked}
 
 
@@ -136,8 +154,9 @@ def _fit(measurements: list[Measurement], profile: HardwareProfile, fitted_by: s
         value = _fit_one(measurements, profile, names[0])
         cal = _with(profile, {names[0]: value}, fitted_by).calibration
         return cal, names, sens, f"one factor ({names[0]}), solved to {len(measurements)} run(s)"
-    cal, _ = fit_calibration(measurements, profile, fitted_by=fitted_by, factors=names,
-                             center={n: getattr(profile.calibration, n) for n in names})
+    # A factor at zero (layer_overhead_s of a profile no run calibrated) gets fit.FACTORS' centre instead.
+    center = {n: v for n in names if (v := getattr(profile.calibration, n)) > 0}
+    cal, _ = fit_calibration(measurements, profile, fitted_by=fitted_by, factors=names, center=center)
     return cal, names, sens, f"{len(names)} factors from {len(measurements)} runs, prior centred on the profile's values"
 
 

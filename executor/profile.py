@@ -328,7 +328,9 @@ def _worker(rank: int, cfg: SweepConfig, init_file: str, out_q) -> None:
         if rank == 0:
             if cfg.backend == "nccl":
                 ctx.results["device_name"] = torch.cuda.get_device_name(rank)
-                ctx.results["device_memory_bytes"] = torch.cuda.get_device_properties(rank).total_memory
+                props = torch.cuda.get_device_properties(rank)
+                ctx.results["device_memory_bytes"] = props.total_memory
+                ctx.results["sm_count"] = props.multi_processor_count
             else:
                 ctx.results["device_name"] = _cpu_model()
             ctx.results["elapsed_s"] = time.perf_counter() - start

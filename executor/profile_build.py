@@ -35,6 +35,33 @@ REF_DIM = 8192.0
 MAX_USABLE_HOST_MEMORY = 0.9
 
 
+# Output tile of the GPU GEMM kernels (cuBLAS / CUTLASS Hopper and Ampere bf16 kernels tile the output in
+# 128 x 128 or 128 x 256 blocks, one block per SM at a time): a GEMM with fewer tiles than SMs leaves SMs idle.
+GEMM_TILE = 128
+
+
+def curve_points(res: dict) -> tuple[list[dict], list[dict]]:
+    """The GEMM points the shape curve is fitted to, and those left out.
+
+    On a GPU (``sm_count`` measured) a GEMM whose output has fewer 128 x 128 tiles than the GPU has SMs
+    runs in less than one wave: its rate measures idle SMs and the host's launch time (~10 us a call,
+    which moved 256^3-1024^3 rates by 1.5-2.1x between two sweeps of one H200) rather than the narrow
+    shapes training has (thousands of tokens by a thin dimension). Fitting them moved
+    gemm_half_efficiency_dim from 2,422 to 3,551 between those two sweeps; without them both gave 194.
+    A dtype left with no point keeps all of its points; host (CPU) sweeps keep everything."""
+    sms = res.get("sm_count")
+    points = res["gemm"]
+    if not sms:
+        return list(points), []
+
+    def full_wave(p):
+        return -(-p["m"] // GEMM_TILE) * -(-p["n"] // GEMM_TILE) >= sms
+
+    kept_dtypes = {p["dtype"] for p in points if full_wave(p)}
+    keep = [p for p in points if full_wave(p) or p["dtype"] not in kept_dtypes]
+    return keep, [p for p in points if p not in keep]
+
+
 def fit_gemm_curve(points: list[dict], peaks: dict[str, float]) -> tuple[float, dict[str, float], float]:
     """Fit the cost model's GEMM shape curve to measured rates.
 
@@ -104,7 +131,8 @@ def _memory(res: dict, host: bool) -> tuple[dict, dict, float]:
     return {"value": float(total // ws), "source": HOST_MEMORY}, {HOST_MEMORY: cite}, usable
 
 
-def _gap_model(res: dict, curves: list[dict], dh: float, fit_err: float, imported: Imported | None) -> str:
+def _gap_model(res: dict, curves: list[dict], dh: float, fit_err: float, imported: Imported | None,
+               left_out: list[dict] = ()) -> str:
     cfg = res["config"]
     measured = sorted({(c["collective"], c["group_size"]) for c in curves})
     parts = [
@@ -114,6 +142,11 @@ def _gap_model(res: dict, curves: list[dict], dh: float, fit_err: float, importe
         f"(hbm_bandwidth_bytes_per_s: read + write bytes per second of a {cfg['copy_bytes'] / 2**20:.0f} MiB copy "
         f"on every rank at once).",
     ]
+    if left_out:
+        shapes = sorted({(p["m"], p["n"], p["k"]) for p in left_out}, key=lambda s: s[0] * s[1] * s[2])
+        parts.append(f"The curve leaves out the GEMMs with fewer {GEMM_TILE}x{GEMM_TILE} output tiles than the "
+                     f"{res['sm_count']} SMs (less than one wave: idle SMs and launch time, not shape): "
+                     + ", ".join("x".join(map(str, s)) for s in shapes) + "; they stay in gemm_points.")
     if imported is None:
         parts.append(
             "Collectives measured with torch.distributed, every group of a size running at once: "
@@ -142,7 +175,8 @@ def measured_profile(res: dict, name: str, command: str, imported: Imported | No
     if "bf16" not in peaks:
         why = "; ".join(s["reason"] for s in res.get("gemm_skipped", []) if s["dtype"] == "bf16") or "not in the sweep"
         raise InputError(f"no bf16 GEMM was measured ({why}); the profile schema needs a bf16 peak")
-    dh, eff, fit_err = fit_gemm_curve(res["gemm"], peaks)
+    fitted, left_out = curve_points(res)
+    dh, eff, fit_err = fit_gemm_curve(fitted, peaks)
     curves = imported.curves if imported else _curves(res)
     if not curves:
         raise InputError("no collective curve: measure with --world-size >= 2 or give --import-nccl-tests logs")
@@ -174,7 +208,7 @@ def measured_profile(res: dict, name: str, command: str, imported: Imported | No
         "nic_bandwidth_bytes_per_s": {"value": float(link), "source": NO_NIC},
         "collective_latency_s": float(latency.get("all_reduce", min(latency.values(), default=15e-6))),
         "collective_latency_by_op_s": {c: float(t) for c, t in latency.items()},
-        "gap_model": _gap_model(res, curves, dh, fit_err, imported),
+        "gap_model": _gap_model(res, curves, dh, fit_err, imported, left_out),
         "gemm_points": [{"dtype": p["dtype"], "m": p["m"], "n": p["n"], "k": p["k"],
                          "flops_per_s": float(p["flops_per_s"]), "source": MEASURED} for p in res["gemm"]],
         "curves": curves,

@@ -25,7 +25,7 @@ from costmodel.specs import ModelSpec
 from costmodel.plan import ParallelPlan
 from executor import nccl_tests as nt
 from executor.profile import ProfileError, launch_workers
-from executor.profile_build import fit_gemm_curve, measured_profile, merge_imported
+from executor.profile_build import curve_points, fit_gemm_curve, measured_profile, merge_imported
 from planner.cli import main
 
 import profile_workers  # tests/profile_workers.py (pytest puts tests/ on sys.path)
@@ -236,6 +236,45 @@ def test_gemm_curve_fit_recovers_the_model():
     got_dh, got_eff, err = fit_gemm_curve(pts, peaks)
     assert got_dh == pytest.approx(dh, rel=1e-3) and err < 1e-3
     assert got_eff == {dt: pytest.approx(e, rel=1e-3) for dt, e in eff.items()}
+
+
+H200_SWEEPS = [Path(__file__).resolve().parent.parent / "examples" / "gpu_check_h200" / run / "gpu.yaml"
+               for run in ("1_local_attention", "2_flash_attention", "3_fitted_curve")]
+
+
+def test_gemm_curve_leaves_out_sub_wave_gemms_on_three_real_h200_sweeps(tmp_path):
+    """Three `plan profile` sweeps of one H200 (examples/gpu_check_h200): 256^3-1024^3 GEMMs have fewer
+    128x128 output tiles than the 132 SMs and their rates moved 1.5-2.1x between sweeps (launch time). With
+    them the fitted half-efficiency dimension went 2,422 / 3,551 / 3,028; without them 194 / 194 / 193, and
+    the curve gives the measured 2048^3 bf16 rate."""
+    fits, all_fits = [], []
+    for path in H200_SWEEPS:
+        pts = yaml.safe_load(path.read_text())["gemm_points"]
+        peaks = {}
+        for q in pts:
+            peaks[q["dtype"]] = max(peaks.get(q["dtype"], 0.0), q["flops_per_s"])
+        kept, left_out = curve_points({"gemm": pts, "sm_count": 132})
+        assert {(q["m"], q["n"], q["k"]) for q in left_out} == {(256,) * 3, (512,) * 3, (1024,) * 3}
+        assert len(kept) == 25 and len(left_out) == 15
+        dh, eff, _ = fit_gemm_curve(kept, peaks)
+        fits.append((dh, eff["bf16"]))
+        all_fits.append(fit_gemm_curve(pts, peaks)[0])
+        refit = yaml.safe_load(path.read_text())
+        refit["gemm_max_efficiency"]["bf16"]["value"] = eff["bf16"]
+        refit["gemm_half_efficiency_dim"] = dh
+        (tmp_path / path.parent.name).mkdir()
+        (tmp_path / path.parent.name / "gpu.yaml").write_text(yaml.safe_dump(refit))
+        prof = load_profile(str(tmp_path / path.parent.name / "gpu.yaml"))
+        assert prof.peak("bf16") == pytest.approx(peaks["bf16"], rel=1e-3)
+        measured_2048 = next(q["flops_per_s"] for q in pts if q["dtype"] == "bf16" and q["m"] == q["k"] == 2048)
+        predicted_2048 = peaks["bf16"] * compute.gemm_efficiency(prof, "bf16", np.array([2048.0]))[0]
+        assert predicted_2048 == pytest.approx(measured_2048, rel=0.03)
+    dhs = [f[0] for f in fits]
+    assert max(dhs) / min(dhs) < 1.02 and 185 < min(dhs) < 200
+    assert max(f[1] for f in fits) - min(f[1] for f in fits) < 0.02
+    assert max(all_fits) / min(all_fits) > 1.4 and min(all_fits) > 2000
+    # a host (CPU) sweep has no SM count: every point stays
+    assert curve_points({"gemm": pts})[1] == []
 
 
 def _raw(ws=8):

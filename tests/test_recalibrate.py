@@ -627,3 +627,32 @@ def test_one_run_cv_scores_repeats_of_the_anchor_and_their_drift_floor():
     assert pooled["same_config"]["count"] == 4 and pooled["same_config"]["floor"]["mape"] == pytest.approx(100 / 11,
                                                                                                             abs=0.01)
     assert "groups" not in pooled["same_config"] and pooled["same_model"]["count"] == 6
+
+
+H200 = ROOT / "examples" / "gpu_check_h200"
+
+
+def test_two_micro_batch_sizes_of_one_layout_pin_down_the_host_time(tmp_path, capsys):
+    """examples/gpu_check_h200: one H200 ran the 1.1B plan at micro-batch 1 (2.15 s) and 4 (1.19 s); the
+    freshly measured profile predicts 0.93 s for both. The pair fits layer_overhead_s beside one token-scaled
+    factor, both runs come within 1%, and the re-plan moves off micro-batch 1. One of the runs alone fits one
+    factor and no host time."""
+    cal = tmp_path / "h200-cal.yaml"
+    runs = [str(H200 / "3_fitted_curve" / f"run_mb{mb}") for mb in (1, 4)]
+    common = ["--profile", str(H200 / "3_fitted_curve" / "gpu.yaml"),
+              "--cluster", str(H200 / "3_fitted_curve" / "cluster.yaml"), "--json"]
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", *runs, "--out", str(cal), *common])
+    assert rc == 0
+    rep = json.loads(out)
+    assert rep["factors"] == ["gemm_efficiency", "layer_overhead_s"]
+    assert 0.5e-3 < rep["values"]["layer_overhead_s"] < 1.2e-3
+    assert [r["before_s"] for r in rep["runs"]] == [pytest.approx(0.928, abs=0.005)] * 2
+    for r in rep["runs"]:
+        assert r["after_s"] == pytest.approx(r["measured_s"], rel=0.01)
+    rc, out, _ = run_cli(capsys, ["--model", str(H200 / "model_config.json"), "--cluster",
+                                  str(H200 / "3_fitted_curve" / "cluster.yaml"), "--profile", str(cal),
+                                  "--global-batch", "32", "--json"])
+    assert rc == 0 and json.loads(out)["plans"][0]["plan"]["micro_batch"] >= 4
+    rc, out, _ = run_cli(capsys, ["calibrate", "--measurements", runs[0], "--out", str(tmp_path / "one.yaml"),
+                                  *common])
+    assert rc == 0 and json.loads(out)["factors"] == ["gemm_efficiency"]

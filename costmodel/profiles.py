@@ -479,7 +479,7 @@ def same_gpu(a: HardwareProfile, b: HardwareProfile) -> bool:
 
 # Words of a GPU's spelling that name its vendor, module or memory technology but not which GPU it is
 # ("NVIDIA H100 SXM5 80GB HBM3" is the H100 80GB). PCIe and NVL parts are other products (lower clocks and
-# power): their words are kept, so they match no SXM profile.
+# power): their words are kept, so they match only their own profiles (H100-PCIe, H100-NVL, ...), never an SXM one.
 _GPU_NOISE = frozenset({"nvidia", "tesla", "gpu", "tensor", "core", "sxm", "sxm2", "sxm3", "sxm4", "sxm5", "sxm6",
                         "hbm", "hbm2", "hbm2e", "hbm3", "hbm3e", "hgx", "dgx", "ac"})
 
@@ -511,17 +511,16 @@ def _match_by_words(name: str, profiles: list[HardwareProfile]) -> list[Hardware
 _SYSTEM_NOISE = re.compile(r"\b(aws|ec2|gcp|google|cloud|azure|instance|instances|node|nodes|server|servers|per|"
                            r"gpus?|cluster|volta|ampere|hopper|blackwell|ultra|architecture)\b", re.I)
 # A word that names another product than the SXM part (PCIe card, H100 NVL): such a spelling is never simplified
-# into an SXM profile's name.
+# into one without it, so it never reaches an SXM profile's name.
 _OTHER_PRODUCT = re.compile(r"\b(pcie|nvl)\b", re.I)
 
 
 def _simpler_spellings(name: str) -> list[str]:
     """Shorter spellings of a GPU description that names no profile as written, most of it first: without
     its bracketed remarks but a memory size in them ("H100 (AWS p5)" -> "H100"), then each remark on its own ("p5.48xlarge (8x H100)" ->
-    "8x H100"), each without a GPU count ("8x", "1024 x") and system words (AWS, node, ...). None for a
-    spelling that names a PCIe or NVL part, which no SXM profile describes."""
-    if _OTHER_PRODUCT.search(name):
-        return []
+    "8x H100"), each without a GPU count ("8x", "1024 x") and system words (AWS, node, ...). For a spelling
+    that names a PCIe or NVL part only those that still name it ("8x H100 PCIe" -> "H100 PCIe"), so it reaches
+    that part's profile or none, never the SXM one ("H100 SXM (PCIe Gen5)" stays unresolved)."""
     remarks = re.findall(r"[\(\[]([^\)\]]*)[\)\]]", name)
     # A memory size stated in a remark stays: "B200 (80GB)" is no B200.
     sizes = re.findall(r"\d+\s*(?:gb|gib|g)\b", " ".join(remarks), flags=re.I)
@@ -532,6 +531,8 @@ def _simpler_spellings(name: str) -> list[str]:
             text = " ".join(_SYSTEM_NOISE.sub(" ", text).replace(",", " ").split())
             if text and text != name and text not in out:
                 out.append(text)
+    if _OTHER_PRODUCT.search(name):
+        out = [text for text in out if _OTHER_PRODUCT.search(text)]
     return out
 
 
@@ -597,9 +598,14 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     except ValidationError as err:
         raise InputError(f"{p}: {validation_line(err)}") from None
     try:
-        load_profile(cluster.gpu)
+        prof = load_profile(cluster.gpu)
     except InputError as err:
         raise InputError(f"{p}: field 'gpu': {err}") from None
+    if (cluster.nvlink_domain_gpus is None and prof.nvlink_domain_gpus < cluster.gpus_per_node
+            and cluster.gpus_per_node % prof.nvlink_domain_gpus == 0):
+        # A node of several NVLink domains (PCIe boards bridged in pairs): the file that leaves the domain out
+        # gets the GPU's, not the whole node.
+        cluster = cluster.model_copy(update={"nvlink_domain_gpus": prof.nvlink_domain_gpus})
     for i, group in enumerate(cluster.device_groups):
         try:
             load_profile(group.gpu)

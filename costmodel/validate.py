@@ -581,6 +581,9 @@ def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     # domain: the next node is reached over the network.
     domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
         max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
+    if profile.nvlink_domain_gpus < gpn and gpn % profile.nvlink_domain_gpus == 0:
+        # PCIe boards bridged in pairs (H100 PCIe / NVL, A100 PCIe): a node of several NVLink domains.
+        domain = profile.nvlink_domain_gpus
     nodes = max(1, math.ceil(num_gpus / gpn))
     return ClusterSpec(name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
                        nvlink_domain_gpus=domain,

@@ -54,7 +54,7 @@ def _norm(s: str) -> str:
 def test_expected_profiles_and_clusters_ship():
     assert {p.stem for p in profile_paths()} >= {
         "A100-80GB", "A100-40GB", "A800-80GB", "H100", "H200", "H800", "GH200", "GH200-96GB", "B200", "B300",
-        "GB200", "GB300", "V100-32GB", "V100-16GB"}
+        "GB200", "GB300", "V100-32GB", "V100-16GB", "H100-PCIe", "H100-NVL", "A100-PCIe-80GB", "A100-PCIe-40GB"}
     assert {p.stem for p in CLUSTER_PATHS} >= {
         "h100x512", "a100x1024", "h200x256", "b200x1024", "gb200-nvl72x8", "gb300-nvl72x4",
         "h100x16384", "v100-dgx2x64"}
@@ -177,8 +177,10 @@ def test_spelling_with_the_same_identifying_words_resolves(spelling, name):
     assert load_profile(spelling).name == name
 
 
-@pytest.mark.parametrize("spelling", ["H100 PCIe", "H100 NVL", "A100 PCIe 80GB", "B200 80GB", "MI300X"])
+@pytest.mark.parametrize("spelling", ["H200 NVL", "V100 PCIe", "Tesla V100-PCIE-32GB", "A100 PCIe", "B200 80GB",
+                                      "MI300X"])
 def test_other_products_do_not_resolve(spelling):
+    """Parts without a profile (H200 NVL, V100 PCIe), a PCIe A100 of unstated memory, another memory size."""
     with pytest.raises(InputError, match="unknown GPU type"):
         load_profile(spelling)
 
@@ -196,8 +198,8 @@ def test_system_descriptions_resolve_to_their_gpu(description, name):
     assert load_profile(description).name == name
 
 
-@pytest.mark.parametrize("description", ["H100 (PCIe)", "8x H100 PCIe", "H100 NVL (94GB)", "MI300X (8 per node)",
-                                         "B200 (80GB)"])
+@pytest.mark.parametrize("description", ["H200 NVL (141GB)", "8x H200 NVL", "8x V100 PCIe", "A100 (PCIe)",
+                                         "H100 SXM (PCIe Gen5)", "MI300X (8 per node)", "B200 (80GB)"])
 def test_system_descriptions_of_other_products_do_not_resolve(description):
     with pytest.raises(InputError, match="unknown GPU type"):
         load_profile(description)
@@ -284,6 +286,115 @@ def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain,
     assert p.nvlink_bandwidth_bytes_per_s.value == nvlink
     assert p.nic_bandwidth_bytes_per_s.value == nic
     assert (p.nvlink_domain_gpus, p.nvls) == (domain, nvls)
+
+
+# --- PCIe and NVL boards ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling, name", [
+    ("H100 PCIe", "H100-PCIe"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("H100-PCIE-80GB", "H100-PCIe"),
+    ("H100 80GB PCIe", "H100-PCIe"), ("H100 PCIe 80GB HBM2e", "H100-PCIe"), ("H100 (PCIe)", "H100-PCIe"),
+    ("8x H100 PCIe", "H100-PCIe"), ("H100 NVL", "H100-NVL"), ("NVIDIA H100 NVL", "H100-NVL"),
+    ("H100 NVL (94GB)", "H100-NVL"), ("8x H100 NVL", "H100-NVL"), ("H100 NVL 94GB PCIe", "H100-NVL"),
+    ("H100 PCIe 94GB", "H100-NVL"), ("Standard_NC40ads_H100_v5", "H100-NVL"),
+    ("A100 PCIe 80GB", "A100-PCIe-80GB"), ("A100-PCIE-80GB", "A100-PCIe-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"), ("4x A100 PCIe 80GB", "A100-PCIe-80GB"),
+    ("Standard_NC96ads_A100_v4", "A100-PCIe-80GB"), ("A100-PCIE-40GB", "A100-PCIe-40GB"),
+    ("A100 PCIe 40GB", "A100-PCIe-40GB"), ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"),
+    # The SXM spellings keep their profiles.
+    ("H100", "H100"), ("H100 SXM", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("8x H100", "H100"),
+    ("DGX H100 (8x H100 SXM)", "H100"), ("A100", "A100-80GB"), ("A100 80GB", "A100-80GB"),
+    ("A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100", "V100-32GB")])
+def test_pcie_and_nvl_spellings_resolve_to_their_own_profiles(spelling, name):
+    assert load_profile(spelling).name == name
+
+
+def _gemm_row(gpu_type: str, dtype: str = "bf16") -> float:
+    row = next(r for r in _rows("gemm.csv") if r["gpu_type"] == gpu_type and r["dtype"] == dtype)
+    return float(row["tflops"]) / float(row["peak_tflops_spec"])
+
+
+# Datasheet figures (TFLOP/s; tf32, bf16 and fp8 "with sparsity"), memory in GB, HBM and host PCIe in bytes/s
+# (PCIe bidirectional: Gen5 x16 128 GB/s, Gen4 x16 64 GB/s), the assumed NIC rate per GPU.
+@pytest.mark.parametrize("name, generation, fp32, tf32_sparse, bf16_sparse, fp8_sparse, memory_gb, hbm, pcie, nic", [
+    ("H100-PCIe", "hopper", 51, 756, 1513, 3026, 80, 2.0e12, 128e9, 25e9),
+    ("H100-NVL", "hopper", 60, 835, 1671, 3341, 94, 3.9e12, 128e9, 25e9),
+    ("A100-PCIe-80GB", "ampere", 19.5, 312, 624, None, 80, 1.935e12, 64e9, 12.5e9),
+    ("A100-PCIe-40GB", "ampere", 19.5, 312, 624, None, 40, 1.555e12, 64e9, 12.5e9)])
+def test_pcie_headline_numbers(name, generation, fp32, tf32_sparse, bf16_sparse, fp8_sparse, memory_gb, hbm, pcie,
+                               nic):
+    p = load_profile(name)
+    assert p.generation == generation   # pools its calibration with the SXM parts of its generation
+    assert p.memory_bytes.value == memory_gb * GIB
+    assert p.hbm_bandwidth_bytes_per_s.value == hbm
+    assert p.peak_flops["fp32"].value == fp32 * 1e12
+    # Dense peaks are half the sparse datasheet figures (H100 PCIe bf16: 1,513 / 2 written 756, as H100 SXM's 989).
+    for dtype, sparse in (("tf32", tf32_sparse), ("bf16", bf16_sparse), ("fp16", bf16_sparse), ("fp8", fp8_sparse)):
+        if sparse is None:
+            assert dtype not in p.peak_flops
+        else:
+            assert p.peak_flops[dtype].value == pytest.approx(sparse * 1e12 / 2, rel=1e-3), dtype
+    if generation == "hopper":   # PCIe / NVL cards run lower clocks (H100 PCIe: fewer SMs too) than SXM5
+        assert p.peak("bf16") < load_profile("H100").peak("bf16")
+    else:                        # A100 PCIe: the SXM4 part's tensor-core rates
+        assert p.peak_flops == load_profile("A100-80GB").peak_flops
+    # NVLink bridge, 600 GB/s bidirectional, for a pair of cards; no NVSwitch; PCIe to the host.
+    assert p.nvlink_bandwidth_bytes_per_s.value == 300e9
+    assert (p.nvlink_domain_gpus, p.nvls) == (2, False)
+    assert p.host_link_bandwidth_bytes_per_s.value == pcie / 2
+    assert p.nic_bandwidth_bytes_per_s.value == nic
+    assert "Assumption" in p.sources[p.nic_bandwidth_bytes_per_s.source]
+
+
+def test_pcie_gemm_efficiencies():
+    """A100 PCIe: the MAMF row measured on it. H100 PCIe / NVL (no row): the H100 SXM MAMF fraction scaled by the
+    A100 PCIe / SXM ratio, named as an assumption."""
+    a100_pcie = _gemm_row("NVIDIA A100 PCIe")
+    for name in ("A100-PCIe-80GB", "A100-PCIe-40GB"):
+        p = load_profile(name)
+        assert p.max_efficiency("bf16") == p.max_efficiency("fp16") == pytest.approx(a100_pcie, abs=1e-4)
+        assert p.gemm_max_efficiency["bf16"].source == "STAS_MAMF"
+        assert "NVIDIA A100 PCIe" in p.sources["STAS_MAMF"]
+    ratio = a100_pcie / _gemm_row("NVIDIA A100 SXM")
+    assert 0.9 < ratio < 1.0
+    for name in ("H100-PCIe", "H100-NVL"):
+        p = load_profile(name)
+        assert p.max_efficiency("bf16") == pytest.approx(_gemm_row("NVIDIA H100 SXM") * ratio, abs=1e-4)
+        assert p.max_efficiency("fp8") == pytest.approx(_gemm_row("NVIDIA H100 SXM", "fp8_e4m3fn") * ratio, abs=1e-4)
+        assert p.max_efficiency("fp16") == p.max_efficiency("bf16")
+        for eff in p.gemm_max_efficiency.values():
+            assert eff.source.startswith("ASSUMPTION") and "power" in p.sources[eff.source]
+
+
+def test_tp8_on_a_server_of_pcie_cards_is_costed_off_nvlink():
+    """A tp 8 group on one 8-GPU server of PCIe cards spans four NVLink-bridged pairs, so its collectives leave
+    the NVLink domain and are costed at the NIC / PCIe rate: far more exposed TP communication than on the SXM
+    node's NVSwitch. A tp 2 group stays on the bridge."""
+    from costmodel.catalog import catalog
+    from costmodel.comm import group_span
+    from costmodel.estimate import estimate
+    from costmodel.plan import ParallelPlan
+    from costmodel.specs import ClusterSpec, InterNodeFabric
+
+    model = catalog()["70b"]
+    plan = ParallelPlan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, recompute="full")
+
+    def run(name):
+        prof = load_profile(name)
+        nic = InterNodeFabric(nic_bandwidth_bytes_per_s=prof.nic_bandwidth_bytes_per_s.value)
+        cluster = ClusterSpec(name=f"{name}x8", gpu=name, nodes=1, gpus_per_node=8,
+                              nvlink_domain_gpus=prof.nvlink_domain_gpus, inter_node=nic)
+        return estimate(model, cluster, plan, profile=prof)
+
+    for sxm_name, pcie_names in (("H100", ("H100-PCIe", "H100-NVL")), ("A100-80GB", ("A100-PCIe-80GB",))):
+        sxm = run(sxm_name)
+        assert sxm.breakdown_s["tp_comm_exposed"] > 0
+        for name in pcie_names:
+            pcie = run(name)
+            assert pcie.breakdown_s["tp_comm_exposed"] > 5 * sxm.breakdown_s["tp_comm_exposed"], name
+            assert pcie.step_time_s > 1.2 * sxm.step_time_s, name
+    domain = load_profile("H100-PCIe").nvlink_domain_gpus
+    assert group_span(1, 8, domain) == (2, 4)   # tp 8: 2 GPUs in each of 4 domains
+    assert group_span(1, 2, domain) == (2, 1)   # tp 2: one bridged pair
 
 
 def test_v100_bf16_stands_in_for_fp16():
@@ -524,3 +635,23 @@ def test_a_number_a_profile_cannot_use_is_a_one_line_error(tmp_path, old, new, f
         load_profile(str(path))
     msg = str(err.value)
     assert str(path) in msg and field in msg and "\n" not in msg, msg
+
+
+def test_a_server_of_pcie_pairs_is_several_nvlink_domains_in_rows_and_cluster_files(tmp_path):
+    """A published row of H100 PCIe with 8 GPUs per node, and a cluster file of such servers that leaves
+    nvlink_domain_gpus out, both get the profile's bridged pair as the NVLink domain (not the whole node);
+    an SXM row keeps its node-wide NVSwitch domain, and a cluster file's own figure stands."""
+    from costmodel.validate import row_cluster
+
+    row = {"gpu_type": "H100 PCIe", "num_gpus": "16", "gpus_per_node": "8"}
+    assert row_cluster(row, load_profile("H100-PCIe")).domain_gpus == 2
+    assert row_cluster({**row, "gpu_type": "H100"}, load_profile("H100")).domain_gpus == 8
+    assert row_cluster({**row, "gpus_per_node": ""}, load_profile("H100-PCIe")).domain_gpus == 2
+    base = {"gpu": "H100-PCIe", "nodes": 2, "gpus_per_node": 8,
+            "inter_node": {"nic_bandwidth_bytes_per_s": 25.0e+9}}
+    (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(base))
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump({**base, "nvlink_domain_gpus": 4}))
+    (tmp_path / "sxm.yaml").write_text(yaml.safe_dump({**base, "gpu": "H100"}))
+    assert load_cluster(tmp_path / "pcie.yaml").domain_gpus == 2
+    assert load_cluster(tmp_path / "own.yaml").domain_gpus == 4
+    assert load_cluster(tmp_path / "sxm.yaml").domain_gpus == 8

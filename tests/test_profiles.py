@@ -54,7 +54,8 @@ def _norm(s: str) -> str:
 def test_expected_profiles_and_clusters_ship():
     assert {p.stem for p in profile_paths()} >= {
         "A100-80GB", "A100-40GB", "A800-80GB", "H100", "H200", "H800", "GH200", "GH200-96GB", "B200", "B300",
-        "GB200", "GB300", "V100-32GB", "V100-16GB", "H100-PCIe", "H100-NVL", "A100-PCIe-80GB", "A100-PCIe-40GB"}
+        "GB200", "GB300", "V100-32GB", "V100-16GB", "H100-PCIe", "H100-NVL", "A100-PCIe-80GB", "A100-PCIe-40GB",
+        "H200-NVL", "H20"}
     assert {p.stem for p in CLUSTER_PATHS} >= {
         "h100x512", "a100x1024", "h200x256", "b200x1024", "gb200-nvl72x8", "gb300-nvl72x4",
         "h100x16384", "v100-dgx2x64"}
@@ -177,10 +178,11 @@ def test_spelling_with_the_same_identifying_words_resolves(spelling, name):
     assert load_profile(spelling).name == name
 
 
-@pytest.mark.parametrize("spelling", ["H200 NVL", "V100 PCIe", "Tesla V100-PCIE-32GB", "A100 PCIe", "B200 80GB",
-                                      "MI300X"])
+@pytest.mark.parametrize("spelling", ["L40S", "V100 PCIe", "Tesla V100-PCIE-32GB", "A100 PCIe", "B200 80GB",
+                                      "H20 141GB", "MI300X"])
 def test_other_products_do_not_resolve(spelling):
-    """Parts without a profile (H200 NVL, V100 PCIe), a PCIe A100 of unstated memory, another memory size."""
+    """Parts without a profile (L40S, V100 PCIe), a PCIe A100 of unstated memory, another memory size (the
+    141 GB HBM3e H20 is not the 96 GB profile)."""
     with pytest.raises(InputError, match="unknown GPU type"):
         load_profile(spelling)
 
@@ -198,7 +200,7 @@ def test_system_descriptions_resolve_to_their_gpu(description, name):
     assert load_profile(description).name == name
 
 
-@pytest.mark.parametrize("description", ["H200 NVL (141GB)", "8x H200 NVL", "8x V100 PCIe", "A100 (PCIe)",
+@pytest.mark.parametrize("description", ["L40S (48GB)", "8x L40S", "8x V100 PCIe", "A100 (PCIe)",
                                          "H100 SXM (PCIe Gen5)", "MI300X (8 per node)", "B200 (80GB)"])
 def test_system_descriptions_of_other_products_do_not_resolve(description):
     with pytest.raises(InputError, match="unknown GPU type"):
@@ -276,7 +278,8 @@ def test_a100_headline_numbers():
     ("V100-16GB", 16, 125e12, None, None, 150e9, 6.25e9, 8, False),
     ("A800-80GB", 80, 312e12, None, None, 200e9, 25e9, 8, False),
     ("GH200", 141, 989e12, 1979e12, None, 450e9, 25e9, 4, False),
-    ("GH200-96GB", 96, 989e12, 1979e12, None, 450e9, 25e9, 4, False)])
+    ("GH200-96GB", 96, 989e12, 1979e12, None, 450e9, 25e9, 4, False),
+    ("H20", 96, 148e12, 296e12, None, 450e9, 50e9, 8, True)])
 def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain, nvls):
     p = load_profile(name)
     assert p.memory_bytes.value == memory_gib * GIB
@@ -300,10 +303,14 @@ def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain,
     ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"), ("4x A100 PCIe 80GB", "A100-PCIe-80GB"),
     ("Standard_NC96ads_A100_v4", "A100-PCIe-80GB"), ("A100-PCIE-40GB", "A100-PCIe-40GB"),
     ("A100 PCIe 40GB", "A100-PCIe-40GB"), ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"),
+    ("H200 NVL", "H200-NVL"), ("NVIDIA H200 NVL", "H200-NVL"), ("H200 NVL 141GB", "H200-NVL"),
+    ("H200 NVL (141GB)", "H200-NVL"), ("8x H200 NVL", "H200-NVL"), ("H200 PCIe", "H200-NVL"),
     # The SXM spellings keep their profiles.
     ("H100", "H100"), ("H100 SXM", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("8x H100", "H100"),
     ("DGX H100 (8x H100 SXM)", "H100"), ("A100", "A100-80GB"), ("A100 80GB", "A100-80GB"),
-    ("A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100", "V100-32GB")])
+    ("A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100", "V100-32GB"),
+    ("H200", "H200"), ("H200 SXM", "H200"), ("NVIDIA H200", "H200"), ("H200 141GB", "H200"),
+    ("8x H200", "H200"), ("DGX H200", "H200")])
 def test_pcie_and_nvl_spellings_resolve_to_their_own_profiles(spelling, name):
     assert load_profile(spelling).name == name
 
@@ -314,14 +321,17 @@ def _gemm_row(gpu_type: str, dtype: str = "bf16") -> float:
 
 
 # Datasheet figures (TFLOP/s; tf32, bf16 and fp8 "with sparsity"), memory in GB, HBM and host PCIe in bytes/s
-# (PCIe bidirectional: Gen5 x16 128 GB/s, Gen4 x16 64 GB/s), the assumed NIC rate per GPU.
-@pytest.mark.parametrize("name, generation, fp32, tf32_sparse, bf16_sparse, fp8_sparse, memory_gb, hbm, pcie, nic", [
-    ("H100-PCIe", "hopper", 51, 756, 1513, 3026, 80, 2.0e12, 128e9, 25e9),
-    ("H100-NVL", "hopper", 60, 835, 1671, 3341, 94, 3.9e12, 128e9, 25e9),
-    ("A100-PCIe-80GB", "ampere", 19.5, 312, 624, None, 80, 1.935e12, 64e9, 12.5e9),
-    ("A100-PCIe-40GB", "ampere", 19.5, 312, 624, None, 40, 1.555e12, 64e9, 12.5e9)])
+# (PCIe bidirectional: Gen5 x16 128 GB/s, Gen4 x16 64 GB/s), the assumed NIC rate per GPU, the NVLink bridge
+# (bidirectional per GPU: 600 GB/s, H200 NVL 900 GB/s) and the bridged group.
+@pytest.mark.parametrize(
+    "name, generation, fp32, tf32_sparse, bf16_sparse, fp8_sparse, memory_gb, hbm, pcie, nic, bridge, domain", [
+        ("H100-PCIe", "hopper", 51, 756, 1513, 3026, 80, 2.0e12, 128e9, 25e9, 600e9, 2),
+        ("H100-NVL", "hopper", 60, 835, 1671, 3341, 94, 3.9e12, 128e9, 25e9, 600e9, 2),
+        ("H200-NVL", "hopper", 60, 835, 1671, 3341, 141, 4.8e12, 128e9, 25e9, 900e9, 4),
+        ("A100-PCIe-80GB", "ampere", 19.5, 312, 624, None, 80, 1.935e12, 64e9, 12.5e9, 600e9, 2),
+        ("A100-PCIe-40GB", "ampere", 19.5, 312, 624, None, 40, 1.555e12, 64e9, 12.5e9, 600e9, 2)])
 def test_pcie_headline_numbers(name, generation, fp32, tf32_sparse, bf16_sparse, fp8_sparse, memory_gb, hbm, pcie,
-                               nic):
+                               nic, bridge, domain):
     p = load_profile(name)
     assert p.generation == generation   # pools its calibration with the SXM parts of its generation
     assert p.memory_bytes.value == memory_gb * GIB
@@ -337,9 +347,9 @@ def test_pcie_headline_numbers(name, generation, fp32, tf32_sparse, bf16_sparse,
         assert p.peak("bf16") < load_profile("H100").peak("bf16")
     else:                        # A100 PCIe: the SXM4 part's tensor-core rates
         assert p.peak_flops == load_profile("A100-80GB").peak_flops
-    # NVLink bridge, 600 GB/s bidirectional, for a pair of cards; no NVSwitch; PCIe to the host.
-    assert p.nvlink_bandwidth_bytes_per_s.value == 300e9
-    assert (p.nvlink_domain_gpus, p.nvls) == (2, False)
+    # NVLink bridge for a pair of cards (H200 NVL: the 4-way bridge, an assumption); no NVSwitch; PCIe to the host.
+    assert p.nvlink_bandwidth_bytes_per_s.value == bridge / 2
+    assert (p.nvlink_domain_gpus, p.nvls) == (domain, False)
     assert p.host_link_bandwidth_bytes_per_s.value == pcie / 2
     assert p.nic_bandwidth_bytes_per_s.value == nic
     assert "Assumption" in p.sources[p.nic_bandwidth_bytes_per_s.source]
@@ -356,13 +366,23 @@ def test_pcie_gemm_efficiencies():
         assert "NVIDIA A100 PCIe" in p.sources["STAS_MAMF"]
     ratio = a100_pcie / _gemm_row("NVIDIA A100 SXM")
     assert 0.9 < ratio < 1.0
-    for name in ("H100-PCIe", "H100-NVL"):
+    # H200 NVL scales the H200 SXM profile's figures: bf16 the H100 SXM row ("H200 is the same"), fp8 the H200 row.
+    for name, fp8_row in (("H100-PCIe", "NVIDIA H100 SXM"), ("H100-NVL", "NVIDIA H100 SXM"),
+                          ("H200-NVL", "NVIDIA H200 SXM")):
         p = load_profile(name)
         assert p.max_efficiency("bf16") == pytest.approx(_gemm_row("NVIDIA H100 SXM") * ratio, abs=1e-4)
-        assert p.max_efficiency("fp8") == pytest.approx(_gemm_row("NVIDIA H100 SXM", "fp8_e4m3fn") * ratio, abs=1e-4)
+        assert p.max_efficiency("fp8") == pytest.approx(_gemm_row(fp8_row, "fp8_e4m3fn") * ratio, abs=1e-4)
         assert p.max_efficiency("fp16") == p.max_efficiency("bf16")
         for eff in p.gemm_max_efficiency.values():
             assert eff.source.startswith("ASSUMPTION") and "power" in p.sources[eff.source]
+    measured = set()
+    for r in _rows("gemm.csv"):
+        try:
+            measured.add(load_profile(r["gpu_type"]).name)
+        except InputError:
+            pass
+    assert not measured & {"H200-NVL", "H20"}   # no measured row: hence the assumptions
+    assert "600 W" in load_profile("H200-NVL").sources["ASSUMPTION_H200_NVL_GEMM"]
 
 
 def test_tp8_on_a_server_of_pcie_cards_is_costed_off_nvlink():
@@ -395,6 +415,101 @@ def test_tp8_on_a_server_of_pcie_cards_is_costed_off_nvlink():
     domain = load_profile("H100-PCIe").nvlink_domain_gpus
     assert group_span(1, 8, domain) == (2, 4)   # tp 8: 2 GPUs in each of 4 domains
     assert group_span(1, 2, domain) == (2, 1)   # tp 2: one bridged pair
+
+
+def test_h200_nvl_tp4_stays_on_the_4way_bridge_and_tp8_leaves_it():
+    """H200 NVL: the NVLink domain is the 4-way bridged group (an assumption), so a tp 4 group costs its
+    collectives on NVLink at the SXM part's rate, while tp 8 on one 8-GPU server spans two groups and crosses
+    at the NIC / PCIe rate; a cluster file or row of 8 such GPUs per node gets the 4-GPU domain."""
+    from costmodel.catalog import catalog
+    from costmodel.comm import group_span
+    from costmodel.estimate import estimate
+    from costmodel.plan import ParallelPlan
+    from costmodel.specs import ClusterSpec, InterNodeFabric
+    from costmodel.validate import row_cluster
+
+    model = catalog()["70b"]
+
+    def run(name, tp):
+        prof = load_profile(name)
+        nic = InterNodeFabric(nic_bandwidth_bytes_per_s=prof.nic_bandwidth_bytes_per_s.value)
+        cluster = ClusterSpec(name=f"{name}x8", gpu=name, nodes=1, gpus_per_node=8,
+                              nvlink_domain_gpus=prof.nvlink_domain_gpus, inter_node=nic)
+        plan = ParallelPlan(tp=tp, pp=1, dp=8 // tp, micro_batch=1, global_batch=8, recompute="full")
+        return estimate(model, cluster, plan, profile=prof)
+
+    nvl = load_profile("H200-NVL")
+    assert nvl.nvlink_domain_gpus == 4
+    assert "NVL4" in nvl.sources["ASSUMPTION_PCIE_2_8_5"]
+    assert group_span(1, 4, 4) == (4, 1) and group_span(1, 8, 4) == (4, 2)
+    tp4, tp4_sxm = run("H200-NVL", 4), run("H200", 4)
+    assert tp4.breakdown_s["tp_comm_exposed"] == pytest.approx(tp4_sxm.breakdown_s["tp_comm_exposed"], rel=0.1)
+    tp8, tp8_sxm = run("H200-NVL", 8), run("H200", 8)
+    assert tp8.breakdown_s["tp_comm_exposed"] > 2 * tp8_sxm.breakdown_s["tp_comm_exposed"]
+    assert tp8.step_time_s > 1.2 * tp8_sxm.step_time_s
+    # ... but less exposed than the H100 NVL's pairs at 300 GB/s.
+    assert tp8.breakdown_s["tp_comm_exposed"] < run("H100-NVL", 8).breakdown_s["tp_comm_exposed"]
+    assert row_cluster({"gpu_type": "H200 NVL", "num_gpus": "16", "gpus_per_node": "8"}, nvl).domain_gpus == 4
+
+
+def test_h20_headline_numbers_and_sources():
+    """H20: the export-market Hopper, from reports of NVIDIA's partner table (no public datasheet): 96 GB HBM3 at
+    4.0 TB/s, 148 / 296 dense bf16 / fp8 TFLOP/s, TF32 74, FP32 44, NVLink 900 GB/s on an 8-GPU NVSwitch
+    board, PCIe Gen5; the GEMM efficiency is H100 SXM's MAMF fraction and the NIC / host memory DGX H100's,
+    both named assumptions."""
+    h20, h100 = load_profile("H20"), load_profile("H100")
+    assert h20.generation == "hopper"
+    assert h20.memory_bytes.value == 96 * GIB
+    assert h20.hbm_bandwidth_bytes_per_s.value == 4.0e12
+    assert {d: v.value for d, v in h20.peak_flops.items()} == {
+        "fp32": 44e12, "tf32": 74e12, "bf16": 148e12, "fp16": 148e12, "fp8": 296e12}
+    assert h20.peak("fp4") == 296e12   # no fp4 on Hopper: falls back to fp8
+    assert h100.peak("bf16") / h20.peak("bf16") == pytest.approx(6.68, abs=0.01)   # the reported "6.68x"
+    assert h20.nvlink_bandwidth_bytes_per_s.value == 450e9 and h20.nvlink_domain_gpus == 8
+    assert h20.host_link_bandwidth_bytes_per_s.value == 64e9
+    assert h20.nic_bandwidth_bytes_per_s.value == 50e9 and h20.host_memory_bytes.value == 256 * GIB
+    assert "Secondary" in h20.sources[h20.peak_flops["bf16"].source]
+    for eff, want in ((h20.gemm_max_efficiency["bf16"], _gemm_row("NVIDIA H100 SXM")),
+                      (h20.gemm_max_efficiency["fp8"], _gemm_row("NVIDIA H100 SXM", "fp8_e4m3fn"))):
+        assert eff.value == pytest.approx(want, abs=1e-4)
+        assert eff.source.startswith("ASSUMPTION") and "Assumption" in h20.sources[eff.source]
+    for field in (h20.nic_bandwidth_bytes_per_s, h20.host_memory_bytes):
+        assert "Assumption" in h20.sources[field.source]
+
+
+@pytest.mark.parametrize("spelling, name", [
+    ("H20", "H20"), ("NVIDIA H20", "H20"), ("nvidia h20", "H20"), ("H20 96GB", "H20"), ("HGX H20", "H20"),
+    ("8x H20", "H20"), ("H20 (96GB)", "H20"),
+    ("H200", "H200"), ("H200 SXM", "H200"), ("NVIDIA H200", "H200"), ("H200 141GB", "H200"),
+    ("GH200", "GH200"), ("NVIDIA GH200", "GH200"), ("GH200 96GB", "GH200-96GB"),
+    ("H200 NVL", "H200-NVL"), ("NVIDIA H200 NVL", "H200-NVL")])
+def test_h20_and_h200_spellings_do_not_collide(spelling, name):
+    """Identifying words are whole words: "H20" is not "H200", "GH200" neither."""
+    assert load_profile(spelling).name == name
+
+
+def test_a_compute_bound_plan_on_h20_takes_as_many_times_longer_as_its_peak_is_lower():
+    """8B on one 8-GPU node, tp 1 pp 1 dp 8: compute dominates the step, so H20 (148 dense bf16 TFLOP/s) takes
+    several times as long as H100 (989), a little under the 6.7x of the peaks since H20's HBM is faster."""
+    from costmodel.catalog import catalog
+    from costmodel.estimate import estimate
+    from costmodel.plan import ParallelPlan
+    from costmodel.specs import ClusterSpec, InterNodeFabric
+
+    model = catalog()["8b"]
+    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=64, recompute="full")
+
+    def run(name):
+        prof = load_profile(name)
+        nic = InterNodeFabric(nic_bandwidth_bytes_per_s=prof.nic_bandwidth_bytes_per_s.value)
+        cluster = ClusterSpec(name=f"{name}x8", gpu=name, nodes=1, gpus_per_node=8, inter_node=nic)
+        return estimate(model, cluster, plan, profile=prof)
+
+    h100, h20 = run("H100"), run("H20")
+    assert h20.breakdown_s["compute"] > 0.7 * h20.step_time_s   # compute-bound
+    ratio = h20.step_time_s / h100.step_time_s
+    assert 4 < ratio <= 1.02 * 989 / 148, ratio
+    assert h20.breakdown_s["compute"] / h100.breakdown_s["compute"] == pytest.approx(989 / 148, rel=0.1)
 
 
 def test_v100_bf16_stands_in_for_fp16():

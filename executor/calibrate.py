@@ -171,11 +171,13 @@ def calibrate(measurements: list[Measurement], profile: HardwareProfile, *, fact
     """The profile with fitted factors, and a report: factors, values, MAPE before and after, per run.
 
     GPU profiles: costmodel.recalibrate (as many factors as the runs determine, the prior on the profile's own
-    values). CPU-host profiles: least squares on the host factors from their defaults."""
+    values). CPU-host profiles: least squares on the host factors from their defaults, as many of them as there
+    are runs (GEMM rate first, then the host time per layer and micro-batch: two runs at two micro-batch sizes
+    fit both); factors named explicitly need a run each."""
     try:
         if profile.kind == "host":
             cal, report = fit_calibration(measurements, profile, fitted_by=fitted_by,
-                                          factors=factors or host_factors(measurements))
+                                          factors=factors or host_factors(measurements)[:len(measurements)])
         else:
             cal, report = recalibrate(measurements, profile, fitted_by=fitted_by, factors=factors)
     except ValueError as e:

@@ -17,6 +17,11 @@ Four steps, each a ``plan`` command or the cost model, everything written under 
    spec when it is importable, the local one otherwise) -> ``run/metrics.jsonl``, ``run/summary.json``.
 4. The cost model's estimate of that plan on the measured profile against the run: step time, tokens/s,
    MFU (against the measured bf16 peak) and peak memory -> ``predicted_vs_measured.{md,json}``.
+5. The loop the product runs (skip with ``--no-loop``): the same layout at another micro-batch size for
+   ``--extra-steps`` steps, ``plan calibrate`` on both runs (two micro-batch sizes of one layout fit the host
+   time per layer and micro-batch beside one token-scaled factor) -> ``profile/calibrated.yaml``, the plan
+   searched again on it -> ``plan_calibrated/plan.json``, and its pick run when no run above measured it;
+   every run predicted before and after calibration -> the ``loop`` section of the table.
 
 ``--dry-run`` runs the same four steps on the CPU with gloo: a quick profile, a 2-layer model, 3 steps.
 Exit status 0: every figure is finite; 1: a step failed or a figure is not finite; 2: bad input (no GPU
@@ -46,8 +51,8 @@ MODEL_1B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_h
 MODEL_TINY = {**MODEL_1B, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 32}
 
-GPU_DEFAULTS = {"steps": 50, "global_batch": 32}
-DRY_DEFAULTS = {"steps": 3, "global_batch": 4}
+GPU_DEFAULTS = {"steps": 50, "global_batch": 32, "extra_steps": 10}
+DRY_DEFAULTS = {"steps": 3, "global_batch": 4, "extra_steps": 3}
 FALLBACK_BASE = "H100"
 
 
@@ -62,12 +67,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--base", default=None, help="profile whose collective curves the one-rank profile takes "
                                                  "(default: the shipped profile of this GPU, else H100)")
     ap.add_argument("--timeout", type=float, default=360.0, help="seconds allowed for the training run (default 360)")
+    ap.add_argument("--no-loop", action="store_true",
+                    help="stop after the table (no second micro-batch run, calibration or re-plan)")
+    ap.add_argument("--extra-steps", type=int, default=None,
+                    help="steps of each run of the loop (default 10; dry run 3)")
     args = ap.parse_args(argv)
     defaults = DRY_DEFAULTS if args.dry_run else GPU_DEFAULTS
     args.steps = args.steps or defaults["steps"]
     args.global_batch = args.global_batch or defaults["global_batch"]
-    if args.steps < 2:
-        ap.error("--steps must be at least 2 (the first step is warm-up)")
+    args.extra_steps = args.extra_steps or defaults["extra_steps"]
+    if args.steps < 2 or args.extra_steps < 2:
+        ap.error("--steps and --extra-steps must be at least 2 (the first step is warm-up)")
     return args
 
 
@@ -194,10 +204,10 @@ def params_b(model: dict) -> float:
     return float(total_params(ModelSpec.model_validate(model))) / 1e9
 
 
-def train(args, plan_path: Path, out: Path, child_env: dict) -> dict:
-    run_dir = out / "run"
-    plan_cmd("run", str(plan_path), "--run-dir", str(run_dir), "--steps", str(args.steps), "--dtype", "bf16",
-             "--timeout", str(args.timeout), "--json", json_out=out / "run_summary.json", env=child_env)
+def train(args, plan_path: Path, out: Path, child_env: dict, name: str = "run", steps: int | None = None) -> dict:
+    run_dir = out / name
+    plan_cmd("run", str(plan_path), "--run-dir", str(run_dir), "--steps", str(steps or args.steps), "--dtype", "bf16",
+             "--timeout", str(args.timeout), "--json", json_out=out / f"{name}_summary.json", env=child_env)
     summary = json.loads((run_dir / "summary.json").read_text())
     say(f"measured: {summary['steps']} steps on {summary['device']}, {summary['step_time_s'] * 1e3:.1f} ms/step "
         f"(median after the first), {summary['tokens_per_s']:.0f} tokens/s, loss {summary['first_loss']:.3f} -> "
@@ -247,6 +257,72 @@ def compare(out: Path, plan_data: dict, run: dict, env: dict) -> dict:
     return result
 
 
+def other_micro_batch(plan: dict) -> int | None:
+    """A micro-batch size for the loop's second run: 4x, 2x, 1/2 or 1/4 of the plan's, the first that divides
+    the sequences each data-parallel rank takes per step."""
+    per_rank, mb = plan["global_batch"] // plan["dp"], plan["micro_batch"]
+    return next((m for m in (4 * mb, 2 * mb, mb // 2, mb // 4) if m >= 1 and per_rank % m == 0), None)
+
+
+def close_loop(args, out: Path, plan_path: Path, plan_data: dict, first: dict, child_env: dict) -> dict | None:
+    """Step 5 (module docstring): a second micro-batch size, calibration on both runs, the re-plan and its run."""
+    from costmodel.estimate import estimate
+    from costmodel.plan import ParallelPlan
+    from costmodel.profiles import load_cluster, load_profile
+    from costmodel.specs import ModelSpec
+
+    other = other_micro_batch(plan_data["plan"])
+    if other is None:
+        say("loop skipped: no other micro-batch size divides the batch of a data-parallel rank")
+        return None
+    second_path = plan_path.with_name(f"plan_mb{other}.json")
+    second_path.write_text(json.dumps({**plan_data, "plan": {**plan_data["plan"], "micro_batch": other}}, indent=1))
+    runs = {"run": (plan_path, first), f"run_mb{other}": (second_path, train(
+        args, second_path, out, child_env, name=f"run_mb{other}", steps=args.extra_steps))}
+    prof_dir = out / "profile"
+    plan_cmd("calibrate", "--measurements", *(str(out / name) for name in runs), "--profile",
+             str(prof_dir / "gpu.yaml"), "--cluster", str(prof_dir / "cluster.yaml"), "--out",
+             str(prof_dir / "calibrated.yaml"), "--json", json_out=out / "calibration.json", env=child_env)
+    cal = json.loads((out / "calibration.json").read_text())
+    say(f"calibrated {', '.join(f'{k} {v:.4g}' for k, v in cal['values'].items())}: step-time error on the two "
+        f"runs {cal['mape_before']:.1f}% -> {cal['mape_after']:.1f}%")
+    plan_cmd("--model", str(out / "model" / "config.json"), "--cluster", str(prof_dir / "cluster.yaml"),
+             "--profile", str(prof_dir / "calibrated.yaml"), "--global-batch", str(args.global_batch), "--top", "3",
+             "--out", str(out / "plan_calibrated"), "--json", json_out=out / "plan_calibrated_search.json",
+             env=child_env)
+    model = ModelSpec.model_validate(plan_data["model"])
+    pick_path = out / "plan_calibrated" / "plan.json"
+    pick = ParallelPlan.model_validate(json.loads(pick_path.read_text())["plan"])
+    ran = {name: ParallelPlan.model_validate(json.loads(path.read_text())["plan"]) for name, (path, _) in runs.items()}
+    pick_run = next((name for name, plan in ran.items() if plan == pick), None)
+    if pick_run is None:
+        pick_run, ran[pick_run] = "run_calibrated", pick
+        runs[pick_run] = (pick_path, train(args, pick_path, out, child_env, name=pick_run, steps=args.extra_steps))
+    cluster = load_cluster(prof_dir / "cluster.yaml")
+    before, after = load_profile(str(prof_dir / "gpu.yaml")), load_profile(str(prof_dir / "calibrated.yaml"))
+    rows = [{"run": name, "micro_batch": ran[name].micro_batch, "measured_s": summary["step_time_s"],
+             "predicted_before_s": estimate(model, cluster, ran[name], profile=before).step_time_s,
+             "predicted_after_s": estimate(model, cluster, ran[name], profile=after.for_model(model)).step_time_s}
+            for name, (_, summary) in runs.items()]
+    say(f"re-plan on the calibrated profile: micro-batch {pick.micro_batch}, recompute {pick.recompute} "
+        f"({pick_run}); " + "; ".join(f"{r['run']}: measured {r['measured_s']:.4g} s, predicted "
+                                      f"{r['predicted_before_s']:.4g} -> {r['predicted_after_s']:.4g} s" for r in rows))
+    return {"calibration": {k: cal[k] for k in ("factors", "values", "mape_before", "mape_after")},
+            "replan": {"plan": pick.model_dump(mode="json"), "run": pick_run}, "runs": rows}
+
+
+def loop_lines(loop: dict) -> list[str]:
+    """The loop's section of predicted_vs_measured.md."""
+    cal = loop["calibration"]
+    lines = ["", f"## Calibrated on the runs: {', '.join(f'{k} {v:.4g}' for k, v in cal['values'].items())} "
+             f"(step-time error {cal['mape_before']:.1f}% -> {cal['mape_after']:.1f}%); re-plan: micro-batch "
+             f"{loop['replan']['plan']['micro_batch']} ({loop['replan']['run']})", "",
+             "| run | micro-batch | measured s | predicted s, measured profile | predicted s, calibrated |",
+             "|---|---:|---:|---:|---:|"]
+    return lines + [f"| {r['run']} | {r['micro_batch']} | {r['measured_s']:.4g} | {r['predicted_before_s']:.4g} | "
+                    f"{r['predicted_after_s']:.4g} |" for r in loop["runs"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out).resolve()
@@ -266,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run and run["device"] != "cuda":
         fail(f"the run went to {run['device']}, not the GPU")
     result = compare(out, plan_data, run, env)
+    if not args.no_loop:
+        loop = close_loop(args, out, plan_path, plan_data, run, child_env)
+        if loop is not None:
+            result["loop"] = loop
+            (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+            with open(out / "predicted_vs_measured.md", "a") as f:
+                f.write("\n".join(loop_lines(loop)) + "\n")
     say(f"finished in {time.perf_counter() - t0:.0f} s; profile, metrics and table under {out}")
     if not result["finite"]:
         fail("a figure of the table is not finite (see predicted_vs_measured.json)")

@@ -44,12 +44,23 @@ def test_fit_recovers_the_factors_that_generated_the_steps():
     assert len(report["runs"]) == len(LAYOUTS)
 
 
-def test_too_few_runs_for_the_factors_is_refused():
+def test_too_few_runs_for_the_factors_named_is_refused_and_by_default_fit_as_many_as_runs():
     prof, cluster = host_setup()
     model = get_model("small-gpt")
     ms = [Measurement(model=model, cluster=cluster, plan=p, step_time_s=0.5) for p in plans()[:2]]
     with pytest.raises(InputError, match=r"2 measurement\(s\) for 4 factor\(s\).*need at least 4"):
-        calibrate(ms, prof)
+        calibrate(ms, prof, factors=["gemm_efficiency", "layer_overhead_s", "comm_exposed",
+                                     "memory_bound_efficiency"])
+    # Without --factors: the first two host factors, recovered from two micro-batch sizes of one layout.
+    truth = prof.model_copy(update={"calibration": Calibration(gemm_efficiency=0.8, layer_overhead_s=4e-3)})
+    pair = [ParallelPlan(global_batch=8, micro_batch=mb, recompute="none") for mb in (1, 4)]
+    ms = [Measurement(model=model, cluster=cluster, plan=p,
+                      step_time_s=estimate(model, cluster, p, profile=truth).step_time_s) for p in pair]
+    fitted, report = calibrate(ms, prof)
+    assert report["factors"] == ["gemm_efficiency", "layer_overhead_s"] and report["mape_after"] < 1.0
+    assert fitted.calibration.layer_overhead_s == pytest.approx(4e-3, rel=0.05)
+    _, one = calibrate(ms[:1], prof)
+    assert one["factors"] == ["gemm_efficiency"]
 
 
 def test_host_profiles_overlap_nothing():

@@ -70,8 +70,28 @@ def test_gpu_check_dry_run_writes_profile_metrics_and_table(tmp_path):
     assert by["step time (s)"]["measured"] == pytest.approx(summary["step_time_s"])
     assert by["tokens/s"]["measured"] == pytest.approx(4 * model.seq_len / summary["step_time_s"])
     md = (out / "predicted_vs_measured.md").read_text()
-    assert "| quantity | predicted | measured | measured / predicted |" in md and md.count("\n| ") == 5
+    assert "| quantity | predicted | measured | measured / predicted |" in md
     assert "measured HBM copy bandwidth" in res.stdout and "measured GEMM peaks" in res.stdout
+
+    # the loop: the layout at micro-batch 4 (twice the plan's 2: 4x does not divide the batch), calibration on both
+    # runs, the re-plan on the calibrated profile; every run predicted before and after
+    loop = table["loop"]
+    assert plan.micro_batch == 2 and [r["micro_batch"] for r in loop["runs"][:2]] == [2, 4]
+    assert [r["run"] for r in loop["runs"][:2]] == ["run", "run_mb4"] and len(loop["runs"]) in (2, 3)
+    second = json.loads((out / "run_mb4" / "summary.json").read_text())
+    assert second["plan"]["micro_batch"] == 4 and second["steps"] == 3
+    assert loop["runs"][1]["measured_s"] == pytest.approx(second["step_time_s"])
+    assert loop["runs"][0]["predicted_before_s"] == pytest.approx(by["step time (s)"]["predicted"], rel=1e-9)
+    assert loop["calibration"]["factors"] == ["gemm_efficiency", "layer_overhead_s"]
+    calibrated = load_profile(str(out / "profile" / "calibrated.yaml"))
+    assert calibrated.calibration.fitted_by.startswith("plan calibrate")
+    for r in loop["runs"]:
+        ran = plan.model_copy(update={"micro_batch": r["micro_batch"]})
+        assert r["predicted_after_s"] == pytest.approx(
+            estimate(model, cluster, ran, profile=calibrated.for_model(model)).step_time_s, rel=1e-9)
+    pick = json.loads((out / "plan_calibrated" / "plan.json").read_text())["plan"]
+    assert loop["replan"]["plan"] == pick and (out / loop["replan"]["run"] / "summary.json").is_file()
+    assert "## Calibrated on the runs: gemm_efficiency" in md and md.count("\n| run") == 1 + len(loop["runs"])
 
 
 def test_profile_base_errors_are_one_line(tmp_path, capsys):

@@ -710,7 +710,8 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     logits = col((1 + mtp) * memory.logits_bytes(model, tokens, tp, logit_b))
     work_b = working * (eb / 2.0)
     mem = SimpleNamespace()
-    mem.activations = per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)
+    mem.activations = (per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)) \
+        * c.cal.activation_memory
     w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_dense_stage, p_exp_stage, grad_b, fsdp, zero = p.dense, p.expert, p.grad_b, p.fsdp, p.zero
     p_stage = p_dense_stage + p_exp_stage

@@ -54,11 +54,15 @@ class Measurement:
     cluster: ClusterSpec
     plan: ParallelPlan
     step_time_s: float
+    peak_memory_bytes: float | None = None
+    """The run's peak device memory where it was measured (CUDA allocator), else None."""
 
 
-def predict(measurements: list[Measurement], profile: HardwareProfile | dict[str, HardwareProfile]) -> np.ndarray:
-    """Predicted step time of each measurement: one vectorised call per (model, cluster, framework),
-    identical plans scored once. ``profile`` is one profile for all, or one per GPU type (cluster.gpu)."""
+def predict(measurements: list[Measurement], profile: HardwareProfile | dict[str, HardwareProfile],
+            what: str = "step_time_s") -> np.ndarray:
+    """Predicted step time of each measurement (``what="peak_memory_bytes"``: its largest stage's peak memory):
+    one vectorised call per (model, cluster, framework), identical plans scored once. ``profile`` is one profile
+    for all, or one per GPU type (cluster.gpu)."""
     out = np.empty(len(measurements))
     groups: dict[tuple, dict[ParallelPlan, list[int]]] = {}
     for i, m in enumerate(measurements):
@@ -67,8 +71,9 @@ def predict(measurements: list[Measurement], profile: HardwareProfile | dict[str
         plans = list(by_plan)
         prof = profile[cluster.gpu] if isinstance(profile, dict) else profile
         r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=prof, framework=framework)
+        value = r[what] if what == "step_time_s" else np.nanmax(r[what], axis=1)
         for j, plan in enumerate(plans):
-            out[by_plan[plan]] = r["step_time_s"][j]
+            out[by_plan[plan]] = value[j]
     return out
 
 

@@ -110,6 +110,11 @@ class Calibration(FrozenSpec):
     layer_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed host time per transformer layer and micro-batch in the forward pass (twice that backward):
     kernel launches and Python. Fitted only from executor measurements (``plan calibrate``); 0 otherwise."""
+    activation_memory: float = Field(default=1.0, gt=0)
+    """Multiplier on a stage's activation memory (the layers' saved tensors and the last stage's logits).
+    Fitted only by ``plan calibrate`` from runs that measured their peak memory (executor runs on CUDA);
+    1 otherwise. megatron-core's local layer spec without Transformer Engine keeps about 1.9x what the
+    model counts (one H200, examples/gpu_check_h200)."""
     fitted_by: str = "defaults (not fitted)"
     """Script and data that produced these factors."""
     fitted_rows: dict[str, int] = {}

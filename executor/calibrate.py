@@ -32,7 +32,7 @@ from costmodel.fit import Measurement, fit_calibration, host_factors, predict
 from costmodel.plan import ParallelPlan, plan_label
 from costmodel.profiles import (Calibration, HardwareProfile, InputError, load_cluster, load_profile, same_gpu,
                                 validation_line)
-from costmodel.recalibrate import recalibrate
+from costmodel.recalibrate import fit_activation_memory, recalibrate
 from costmodel.specs import ClusterSpec, ModelSpec
 
 def _run_dir(path: Path) -> Path:
@@ -63,7 +63,10 @@ def load_measurement(path: str | Path, cluster: ClusterSpec | None = None) -> Me
         except ValidationError as err:
             raise InputError(f"{summary_path}: '{key}': {validation_line(err)}") from None
     model, plan, cluster = parts["model"], parts["plan"], cluster or parts["cluster"]
-    return Measurement(model=model, cluster=cluster, plan=plan, step_time_s=_median_step_s(run / "metrics.jsonl"))
+    # The CUDA allocator's peak is the tensors the cost model counts; a CPU run's process RSS is not.
+    peak = summary.get("peak_memory_bytes") if summary.get("device") == "cuda" else None
+    return Measurement(model=model, cluster=cluster, plan=plan, step_time_s=_median_step_s(run / "metrics.jsonl"),
+                       peak_memory_bytes=float(peak) if isinstance(peak, (int, float)) and peak > 0 else None)
 
 
 def _median_step_s(metrics: Path) -> float:
@@ -183,6 +186,7 @@ def calibrate(measurements: list[Measurement], profile: HardwareProfile, *, fact
     except ValueError as e:
         raise InputError(f"calibrate: {e}") from None
     fitted = profile.model_copy(update={"calibration": cal})
+    fitted, report["memory"] = fit_activation_memory(measurements, fitted)
     before, after = predict(measurements, profile), predict(measurements, fitted)
     report["runs"] = [{"model": m.model.name, "plan": plan_label(m.plan), "gpus": m.cluster.num_gpus,
                        "measured_s": m.step_time_s, "before_s": float(b), "after_s": float(a)}

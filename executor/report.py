@@ -29,6 +29,10 @@ def calibration_table(report: dict, console) -> None:
                       + "; ".join(f"{n} {sens[n]:.3f} / {support[n]:g} runs" for n in report["ranked"][:3]))
     console.print(f"step-time MAPE {report['mape_before']:.1f}% -> {report['mape_after']:.1f}%"
                   + (f"; written to {report['out']}" if report.get("out") else ""))
+    mem = report.get("memory") or {}
+    if mem:
+        console.print(f"activation_memory={mem['previous']:g} -> {mem['value']:g} from the peak memory of "
+                      f"{mem['runs']} run(s): peak-memory MAPE {mem['mape_before']:.1f}% -> {mem['mape_after']:.1f}%")
     for name, vals in report.get("per_model", {}).items():
         console.print(f"{name}: its own runs give " + ", ".join(f"{k}={v:g}" for k, v in vals.items()))
     if report.get("measured_models") and report.get("other_models_weight", 1.0) < 1.0:

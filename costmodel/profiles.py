@@ -585,6 +585,15 @@ def _resolve_profile_path(data: dict, cluster_path: Path) -> None:
             data["gpu"] = str(beside.resolve())
 
 
+def gpu_nvlink_domain(cluster: ClusterSpec, prof: HardwareProfile) -> ClusterSpec:
+    """The cluster with the GPU's NVLink domain where that is smaller than the cluster's and divides its nodes
+    (PCIe boards bridged in pairs or fours: a node of several domains); otherwise unchanged."""
+    dom = prof.nvlink_domain_gpus
+    if dom < cluster.domain_gpus and cluster.gpus_per_node % dom == 0:
+        return cluster.model_copy(update={"nvlink_domain_gpus": dom})
+    return cluster
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
     """A cluster YAML by path (or by name of a shipped file in hardware_profiles/clusters/)."""
     p = Path(path)
@@ -606,11 +615,10 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         prof = load_profile(cluster.gpu)
     except InputError as err:
         raise InputError(f"{p}: field 'gpu': {err}") from None
-    if (cluster.nvlink_domain_gpus is None and prof.nvlink_domain_gpus < cluster.gpus_per_node
-            and cluster.gpus_per_node % prof.nvlink_domain_gpus == 0):
+    if cluster.nvlink_domain_gpus is None:
         # A node of several NVLink domains (PCIe boards bridged in pairs): the file that leaves the domain out
         # gets the GPU's, not the whole node.
-        cluster = cluster.model_copy(update={"nvlink_domain_gpus": prof.nvlink_domain_gpus})
+        cluster = gpu_nvlink_domain(cluster, prof)
     for i, group in enumerate(cluster.device_groups):
         try:
             load_profile(group.gpu)

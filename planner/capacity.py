@@ -27,7 +27,7 @@ from costmodel.compression import GradCompression, get_compression
 from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
 from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, checkpoint_bytes, estimate_goodput
-from costmodel.profiles import InputError, load_profile
+from costmodel.profiles import InputError, gpu_nvlink_domain, load_profile
 from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, pareto_front, plan_at
@@ -198,7 +198,9 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
     if dim == "gpus":
         cl = resize(cl, int(value))
     elif dim == "gpu":
-        cl = cl.model_copy(update={"gpu": value, "name": f"{value.lower()}x{cl.num_gpus}"})
+        # A PCIe board's NVLink domain (a bridged pair) replaces the node-wide one of the cluster it is put in.
+        cl = gpu_nvlink_domain(cl.model_copy(update={"gpu": value, "name": f"{value.lower()}x{cl.num_gpus}"}),
+                               load_profile(value))
     elif dim == "bandwidth":
         cl = cl.model_copy(update={"inter_node": cl.inter_node.model_copy(
             update={"nic_bandwidth_bytes_per_s": float(value)})})

@@ -352,3 +352,15 @@ def test_an_empty_value_is_an_error_not_an_option_left_out(capsys, option):
     # '--budget ""' (a script's unset variable) planned as if no budget had been asked for.
     rc, _, err = run_cli(capsys, ["capacity", "--model", "8b", "--cluster", "h100x512", option, ""])
     assert_one_line_error(rc, err, f"{option} ''", "expected")
+
+
+def test_varying_the_gpu_to_a_pcie_board_takes_its_bridged_pair_as_the_nvlink_domain(base70):
+    """An 8-GPU-per-node H100 cluster varied to H100 PCIe (bridged pairs) or H200 NVL (bridged fours) gets the
+    board's NVLink domain; to another SXM part it keeps the node-wide one."""
+    from planner.capacity import vary
+
+    sc = base70
+    assert sc.cluster.domain_gpus == 8
+    assert vary(sc, "gpu", "H100-PCIe").cluster.domain_gpus == 2
+    assert vary(sc, "gpu", "H200-NVL").cluster.domain_gpus == 4
+    assert vary(sc, "gpu", "B200").cluster.domain_gpus == 8

@@ -21,7 +21,7 @@ from costmodel.catalog import catalog, catalog_names, get_model
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
-from costmodel.profiles import HardwareProfile, InputError, load_profile, read_text
+from costmodel.profiles import HardwareProfile, InputError, gpu_nvlink_domain, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
 
@@ -581,13 +581,12 @@ def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     # domain: the next node is reached over the network.
     domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
         max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
-    if profile.nvlink_domain_gpus < gpn and gpn % profile.nvlink_domain_gpus == 0:
-        # PCIe boards bridged in pairs (H100 PCIe / NVL, A100 PCIe): a node of several NVLink domains.
-        domain = profile.nvlink_domain_gpus
     nodes = max(1, math.ceil(num_gpus / gpn))
-    return ClusterSpec(name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
-                       nvlink_domain_gpus=domain,
-                       inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=profile.nic_bandwidth_bytes_per_s.value))
+    # PCIe boards bridged in pairs or fours: a node of several NVLink domains.
+    return gpu_nvlink_domain(ClusterSpec(
+        name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
+        nvlink_domain_gpus=domain,
+        inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=profile.nic_bandwidth_bytes_per_s.value)), profile)
 
 
 def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) -> tuple[ParallelPlan, bool]:

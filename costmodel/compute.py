@@ -94,3 +94,35 @@ def attention_time_s(profile: HardwareProfile, fwd_flops, seq_len_local, head_di
 def memory_bound_time_s(profile: HardwareProfile, bytes_moved) -> np.ndarray:
     bw = profile.hbm_bandwidth_bytes_per_s.value * profile.calibration.memory_bound_efficiency
     return np.asarray(bytes_moved, dtype=float) / bw
+
+
+# Share of the host DRAM's theoretical peak (HardwareProfile.host_memory_bandwidth_bytes_per_s) a CPU optimizer
+# step streams at. An assumption, not measured or fitted: STREAM-type kernels on two-socket servers reach
+# roughly 70-80% of the channels' peak, and the Adam step is such a kernel (each element read and written once).
+HOST_STREAM_FRACTION = 0.75
+# Host bytes one Adam step moves per parameter (torch.optim.AdamW(fused=True) on the CPU, what megatron-core's
+# HybridDeviceOptimizer runs, and DeepSpeed's CPU-Adam alike): reads the fp32 weight, gradient and both moments
+# (16), writes the weight and both moments (12).
+CPU_ADAM_BYTES_PER_PARAM = 28.0
+# Bytes per offloaded parameter over the host link: the fp32 gradient to the host (megatron-core
+# hybrid_optimizer.py _set_sub_optimizer_grads copies the main gradient as it is) and the fp32 weight back
+# (param_copy_back_gpu_hook: the CPU weight copied into the GPU's, the cast done on arrival).
+OFFLOAD_GRAD_BYTES = 4.0
+OFFLOAD_PARAM_BYTES = 4.0
+
+
+def cpu_optimizer_time_s(profile: HardwareProfile, params, host_share=1.0) -> np.ndarray:
+    """Seconds a CPU optimizer step over ``params`` parameters takes, copies included (optimizer_offload).
+
+    megatron-core's HybridDeviceOptimizer (--overlap-cpu-optimizer-d2h-h2d) steps one CPU optimizer per
+    parameter: the gradient copy to the host, the CPU step and the copy back run as a pipeline, so the step
+    takes the longest of the three. ``host_share``: how many GPUs' share of the host this GPU has (more than
+    one where the run leaves GPUs of a node idle). Infinite where the profile does not know its host."""
+    params = np.asarray(params, dtype=float)
+    host_bw, link = profile.host_memory_bandwidth_bytes_per_s, profile.host_link_bandwidth_bytes_per_s
+    if host_bw is None or link is None:
+        return np.where(params > 0, np.inf, 0.0)
+    t_cpu = params * CPU_ADAM_BYTES_PER_PARAM / (host_bw.value * HOST_STREAM_FRACTION * np.asarray(host_share))
+    t_d2h = params * OFFLOAD_GRAD_BYTES / link.value
+    t_h2d = params * OFFLOAD_PARAM_BYTES / link.value
+    return np.maximum(np.maximum(t_cpu, t_d2h), t_h2d)

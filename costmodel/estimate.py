@@ -230,6 +230,10 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     c.sh_e_k, c.sh_e_N = comm.group_span(ep * etp, c.sh_e, D)
     c.rep_e_k, c.rep_e_N = comm.group_span(ep * etp * c.sh_e, R, D)
     c.pp_k, c.pp_N = comm.group_span(tp * cp * dp, pp, D)
+    # GPUs' shares of a node's host (memory, DRAM bandwidth) each rank has: a run on fewer GPUs than a node
+    # holds leaves the idle GPUs' shares to the others.
+    gpn = float(cluster.gpus_per_node)
+    c.host_share = gpn / np.minimum(tp * pp * dp * cp, gpn)
     return c
 
 
@@ -662,9 +666,13 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     else:
         t.t_compress = np.zeros_like(t.dp_exposed)
 
-    # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy.
+    # Optimizer (Adam, memory-bound): read param, grad, m, v (fp32); write param, m, v and the bf16 copy. The
+    # share offloaded to the host (optimizer_offload) steps on the CPU while the GPU steps the rest.
     opt_params = p_dense_stage / p.shard + p_exp_stage / p.shard_e
-    t_opt = c.wgrad * compute.memory_bound_time_s(prof, opt_params * 34.0)
+    off = col(c.a.optimizer_offload)
+    t_opt = c.wgrad * compute.memory_bound_time_s(prof, (1.0 - off) * opt_params * 34.0)
+    if np.any(off > 0):
+        t_opt = np.maximum(t_opt, c.wgrad * compute.cpu_optimizer_time_s(prof, off * opt_params, col(c.host_share)))
     t.t_opt = np.where(valid, t_opt, 0.0)
     t.stage_tail = t.dp_exposed + t.t_compress + t.t_opt
     t.tail = t.stage_tail.max(axis=1)
@@ -721,8 +729,17 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
                                    + p_exp_stage * grad_b / col(c.sh_e), p_stage * grad_b)
     if c.grad_compression is not None:
         mem.grads = mem.grads + c.wgrad * p_stage * c.grad_compression.residual_bytes_per_element
-    mem.optim = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
+    opt_bytes = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
                                                                           + p_exp_stage / p.shard_e)
+    # Optimizer offload: that share of the state (and a pinned fp32 copy of its gradients) lives in host memory.
+    # DeepSpeed's ZeRO-Offload also moves the gradient shard it keeps (ZeRO-2 and up) to the host as it is
+    # reduced; megatron-core keeps its gradient buffer on the GPU.
+    off = col(a.optimizer_offload)
+    mem.optim = (1.0 - off) * opt_bytes
+    if c.framework.startswith("other"):
+        mem.grads = np.where(col(zero >= 2), (1.0 - off) * mem.grads, mem.grads)
+    host_optim = off * (opt_bytes + c.wgrad * compute.OFFLOAD_GRAD_BYTES * (p_dense_stage / p.shard
+                                                                            + p_exp_stage / p.shard_e))
     # Megatron-FSDP materialises layers' weights (all-gathered: the one at work and the prefetch) and, in the
     # backward, their gradients before the reduce-scatter (the one reduced and the queue): memory.py
     # fsdp_unsharded_elements. An FSDP unit is one TransformerLayer on this rank: its expert part holds the
@@ -737,9 +754,9 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem.buffers = memory.WORKSPACE_BYTES + memory.FRAGMENTATION * live
     mem.peak = np.where(st.valid, live + mem.buffers, 0.0)
     mem.capacity = c.prof.memory_bytes.value * c.prof.usable_memory_fraction
-    mem.host = np.where(st.valid, offloaded * (eb / 2.0), 0.0)
+    mem.host = np.where(st.valid, offloaded * (eb / 2.0) + host_optim, 0.0)
     host = c.prof.host_memory_bytes
-    host_cap = host.value * memory.HOST_USABLE_FRACTION if host is not None else np.inf
+    host_cap = host.value * memory.HOST_USABLE_FRACTION * col(c.host_share) if host is not None else np.inf
     mem.host_fits = (mem.host <= host_cap).all(axis=1)
     mem.fits = (mem.peak <= mem.capacity).all(axis=1) & mem.host_fits
     return mem

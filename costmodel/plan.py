@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Literal, Sequence
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from costmodel.specs import Count, Count0, Framework, FrozenSpec, RecomputeMode
 
@@ -110,6 +110,10 @@ class ParallelPlan(FrozenSpec):
     FSDP HYBRID_SHARD's replicate degree): optimizer states (and with zero_stage 2 / 3 gradients / weights) are
     sharded over dp x cp / dist_opt_instances neighbouring ranks and replicated this many times, the replicas
     all-reducing their gradient shards; 1 = sharded over all of dp x cp."""
+    optimizer_offload: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of this rank's optimizer state (fp32 master weights and Adam moments) kept in host memory and
+    stepped by the CPU: megatron-core --optimizer-cpu-offload --optimizer-offload-fraction (its
+    HybridDeviceOptimizer), DeepSpeed ZeRO-Offload (offload_optimizer to cpu: 1.0). 0 = all on the GPU."""
     moe_a2a_overlap: bool = False
     """Overlap each MoE layer's expert-parallel all-to-all with another micro-batch's computation (megatron-core
     --overlap-moe-expert-parallel-comm, the combined 1F1B schedule: in the steady phase the forward of one
@@ -170,7 +174,12 @@ class PlanArrays:
     zero_stage: np.ndarray
     dist_opt_instances: np.ndarray
     moe_a2a_overlap: np.ndarray
+    optimizer_offload: np.ndarray | None = None
     stage_layers: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimizer_offload is None:
+            self.optimizer_offload = np.zeros(len(self.tp))
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -184,7 +193,7 @@ class PlanArrays:
         n = n or max(np.size(v) for v in cols.values())
         defaults = dict(tp=1, pp=1, vpp=1, dp=1, cp=1, ep=1, etp=1, sp=True, micro_batch=1, global_batch=1,
                         recompute=1, recompute_layers=-1, distributed_optimizer=True, zero_stage=1,
-                        dist_opt_instances=1, moe_a2a_overlap=False)
+                        dist_opt_instances=1, moe_a2a_overlap=False, optimizer_offload=0.0)
         out = {}
         for f in fields(cls):
             if f.name == "stage_layers":
@@ -199,7 +208,8 @@ class PlanArrays:
     def from_plans(cls, plans: list[ParallelPlan]) -> PlanArrays:
         cols = {name: [getattr(p, name) for p in plans] for name in
                 ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch",
-                 "distributed_optimizer", "zero_stage", "dist_opt_instances", "moe_a2a_overlap")}
+                 "distributed_optimizer", "zero_stage", "dist_opt_instances", "moe_a2a_overlap",
+                 "optimizer_offload")}
         cols["sp"] = [p.sequence_parallel and p.tp > 1 for p in plans]
         cols["recompute"] = [RECOMPUTE_CODE[p.recompute] for p in plans]
         cols["recompute_layers"] = [-1 if p.recompute_layers is None else p.recompute_layers for p in plans]
@@ -227,7 +237,8 @@ class PlanArrays:
                             distributed_optimizer=bool(self.distributed_optimizer[i]),
                             zero_stage=int(self.zero_stage[i]),
                             dist_opt_instances=int(self.dist_opt_instances[i]),
-                            moe_a2a_overlap=bool(self.moe_a2a_overlap[i]))
+                            moe_a2a_overlap=bool(self.moe_a2a_overlap[i]),
+                            optimizer_offload=float(self.optimizer_offload[i]))
         sl = self.stage_layers
         if split and sl is not None and not np.isnan(sl[i, 0]):
             plan = plan.model_copy(update={"layers_per_stage": tuple(int(x) for x in sl[i, : plan.pp])})

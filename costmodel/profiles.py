@@ -211,6 +211,11 @@ class HardwareProfile(FrozenSpec):
     host_memory_bytes: Sourced | None = None
     """Host (CPU) memory per GPU in the reference system (system memory / GPUs per node, or per superchip):
     what activation offloading may fill (costmodel.memory.HOST_USABLE_FRACTION of it). None: not checked."""
+    host_memory_bandwidth_bytes_per_s: Sourced | None = None
+    """Host (CPU) DRAM bandwidth per GPU in the reference system (the CPUs' theoretical peak: channels x
+    transfer rate x 8 bytes, over the GPUs sharing them): what a CPU optimizer step (optimizer_offload) streams
+    its state through, at costmodel.compute.HOST_STREAM_FRACTION of it. None: not known, and plans do not
+    offload the optimizer on this GPU."""
     nvlink_domain_gpus: int = Field(default=8, ge=1)
     """GPUs per NVLink domain in the reference system."""
     nvls: bool = False

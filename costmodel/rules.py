@@ -46,6 +46,10 @@ Sources (paths are in github.com/NVIDIA/Megatron-LM, megatron-core 0.16 / main):
   one (``distributed_data_parallel.py``: "Partial DistOpt cannot be used without DistOpt"); with
   Megatron-FSDP it needs ep == 1 (``mcore_fsdp_adapter.py`` builds no expert mesh for HSDP).
 
+* optimizer_offload (``--optimizer-cpu-offload --optimizer-offload-fraction``) runs with
+  ``--use-precision-aware-optimizer``, which asserts the distributed optimizer (megatron-core 0.16.1
+  ``optimizer/optimizer_config.py``); DeepSpeed's ``offload_optimizer`` is a ZeRO option.
+
 * moe_a2a_overlap (``--overlap-moe-expert-parallel-comm``): ``TransformerConfig.__post_init__`` (megatron-core
   0.16.1 transformer_config.py) asserts ep > 1, a virtual pipeline when pp > 1, no full recomputation, a bf16 or
   fp16 model and at most one MTP layer, which needs pp > 1.
@@ -645,6 +649,12 @@ def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
             "distributed_optimizer=True shards optimizer states (ZeRO-1) but zero_stage=0; "
             "valid: zero_stage in 1, 2, 3, or distributed_optimizer=False"
         ]
+    if plan.optimizer_offload > 0 and plan.zero_stage == 0:
+        # megatron-core 0.16.1 optimizer_config.py: --optimizer-cpu-offload runs with
+        # --use-precision-aware-optimizer, which asserts the distributed optimizer; DeepSpeed offloads
+        # optimizer state only under ZeRO (offload_optimizer is a zero_optimization option).
+        return [f"optimizer_offload={plan.optimizer_offload:g} offloads the sharded optimizer state but nothing is "
+                "sharded (zero_stage=0); valid: optimizer_offload=0, or zero_stage 1, 2 or 3"]
     r = plan.dist_opt_instances
     if r == 1:
         return []

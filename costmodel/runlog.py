@@ -190,6 +190,18 @@ class _Args:
         return bool(self.get(*names))
 
 
+def _offload_fraction(a: _Args) -> float:
+    """The share of the optimizer state a run kept in host memory: megatron-core --optimizer-cpu-offload with
+    --optimizer-offload-fraction (megatron/training/arguments.py default 1.0); 0 without the flag."""
+    if not a.flag("optimizer_cpu_offload"):
+        return 0.0
+    v = a.get("optimizer_offload_fraction", default=1.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+        raise InputError(f"{a.source}: field 'optimizer_offload_fraction' = {a.raw.get('optimizer_offload_fraction')!r}: "
+                         f"expected a number from 0 to 1")
+    return float(v)
+
+
 def _dense_layers(freq, layers: int) -> int:
     """Leading dense layers from Megatron's --moe-layer-freq: 1 (every layer MoE), a list printed as
     [0, 0, 1, ...] or the pattern string ([0]*3+[1]*58)."""
@@ -301,7 +313,8 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
                             recompute=recompute, recompute_layers=layers, distributed_optimizer=zero >= 1,
                             zero_stage=zero, layers_per_stage=framework_split(model.layers, pp, max(vpp, 1)),
                             dist_opt_instances=(a.int("num_distributed_optimizer_instances", default=1) or 1)
-                            if zero >= 1 else 1, moe_a2a_overlap=a.flag("overlap_moe_expert_parallel_comm"))
+                            if zero >= 1 else 1, moe_a2a_overlap=a.flag("overlap_moe_expert_parallel_comm"),
+                            optimizer_offload=_offload_fraction(a) if zero >= 1 else 0.0)
     except ValidationError as exc:
         e = exc.errors()[0]
         raise InputError(f"{a.source}: layout field '{'.'.join(map(str, e['loc']))}': {e['msg']}") from None

@@ -651,6 +651,10 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     instances = shard_replicas(z, (row.get("notes") or "").lower(), tp, dp * cp,
                                tp * cp * dp // ep if model.is_moe else dp * cp,
                                _int(row.get("gpus_per_node", "")) or 8, assumed) if distopt or fsdp or zstage else 1
+    offload = optimizer_offload_named(z, (row.get("notes") or "").lower())
+    if offload and not (distopt or fsdp or zstage):
+        distopt = True
+        assumed.append("zero_stage=1 (optimizer offload runs on a sharded optimizer state)")
     split = framework_split(model.layers, pp, vp)
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
@@ -659,7 +663,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         global_batch=gbs, recompute=recompute, recompute_layers=recompute_layers,
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
-                        dist_opt_instances=instances)
+                        dist_opt_instances=instances, optimizer_offload=offload)
     return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
 
 
@@ -732,6 +736,23 @@ def shard_replicas(z: str, notes: str, tp: int, dp_cp: int, edp: int, gpus_per_n
     if fit > 1 or want > 1:
         assumed.append(note)
     return fit
+
+
+_OPTIMIZER_OFFLOAD = re.compile(r"zero[-_ ]?offload|offload[-_ ]optimizer|optimizer[-_ ](?:cpu[-_ ])?offload"
+                                r"|cpu[-_ ]?adam|hybrid[-_ ]?device[-_ ]?optimizer")
+_OFFLOAD_FRACTION = re.compile(r"offload[-_ ]fraction\s*[=: ]\s*([01](?:\.\d+)?|\.\d+)")
+
+
+def optimizer_offload_named(z: str, notes: str) -> float:
+    """The share of the optimizer state a row's sharding column or notes (lower-cased) put in host memory:
+    DeepSpeed ZeRO-Offload, offload_optimizer, CPU-Adam, megatron-core --optimizer-cpu-offload (with
+    --optimizer-offload-fraction F: F, else all of it); 0 where none is named. Activation offloading
+    (--cpu-offloading, the recompute column) is not this."""
+    for text in (z, notes):
+        if _OPTIMIZER_OFFLOAD.search(text):
+            m = _OFFLOAD_FRACTION.search(text)
+            return float(m.group(1)) if m else 1.0
+    return 0.0
 
 
 def sharding_named(z: str) -> tuple[bool, int | None]:
@@ -1171,9 +1192,21 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         # (the row's recompute column says less than the run did): the fastest recompute that fits.
         got = predict_case(replace(case, recompute_known=False), profile)
         if got["fits"]:
-            got["assumed"] = [a for a in got["assumed"] if not a.endswith("(fastest that fits)")] + [
-                f"recompute={_describe_recompute(got['plan'])} (the published layout does not fit with "
-                f"recompute={_describe_recompute(case.plan)} as the row says)"]
+            got["assumed"] = [a for a in got["assumed"] if not a.endswith("(fastest that fits)")]
+            if _describe_recompute(got["plan"]) != _describe_recompute(case.plan):
+                got["assumed"].append(f"recompute={_describe_recompute(got['plan'])} (the published layout does not "
+                                      f"fit with recompute={_describe_recompute(case.plan)} as the row says)")
+            return got
+    if not fits[idx] and case.plan.optimizer_offload < 1.0 and prof.host_memory_bandwidth_bytes_per_s is not None \
+            and prof.host_link_bandwidth_bytes_per_s is not None:
+        # The run ran: a layout whose weights fit and optimizer state does not kept the state in host memory
+        # (megatron-core --optimizer-cpu-offload, DeepSpeed ZeRO-Offload), the step's Adam on the CPU.
+        offloaded = case.plan.model_copy(update={"optimizer_offload": 1.0, "zero_stage": max(case.plan.zero_stage, 1),
+                                                 "distributed_optimizer": True})
+        got = predict_case(replace(case, plan=offloaded), profile)
+        if got["fits"]:
+            got["assumed"].append("optimizer_offload=1 (the published layout does not fit with its optimizer "
+                                  "state on the GPU)")
             return got
     if fits[idx] and not out["fits"][idx]:
         assumed.append(f"peak memory {peaks[idx] / 1e9:.1f} GB is above the planner's usable "

@@ -180,6 +180,10 @@ def preflight(model: ModelSpec, plan: ParallelPlan, *, source: str = "plan") -> 
         # megatron-core's partial distributed optimizer overlaps its replica all-reduce on a CUDA stream of its own.
         raise InputError(f"{source}: dist_opt_instances={plan.dist_opt_instances} (optimizer state sharded inside "
                          f"replicas) is not run by the executor; use dist_opt_instances 1")
+    if plan.optimizer_offload:
+        # megatron-core's HybridDeviceOptimizer copies on CUDA streams of its own.
+        raise InputError(f"{source}: optimizer_offload={plan.optimizer_offload:g} (megatron-core "
+                         f"--optimizer-cpu-offload) is not run by the executor; use optimizer_offload 0")
     if plan.moe_a2a_overlap:
         # megatron-core's combined 1F1B schedule runs the all-to-all on a CUDA stream of its own.
         raise InputError(f"{source}: moe_a2a_overlap (megatron-core --overlap-moe-expert-parallel-comm) is not run by "

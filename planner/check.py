@@ -282,8 +282,14 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             if dp_cp % r2 == 0:
                 moves.append(("replicas", {"dist_opt_instances": r2}))
 
+    # The optimizer state in host memory (all of it), or back on the GPU, where the GPU's host is known.
+    from planner.space import offload_searched, optimizer_offload_known
+
+    if plan.optimizer_offload:
+        moves.append(("optimizer offload", {"optimizer_offload": 0.0}))
+    elif plan.zero_stage >= 1 and optimizer_offload_known(cluster):
+        moves.append(("optimizer offload", {"optimizer_offload": 1.0}))
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
-    from planner.space import offload_searched
 
     # Offloading (pp 1; violations() drops it elsewhere) where the GPU's host link is known.
     kinds = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
@@ -332,7 +338,7 @@ def describe_change(model: ModelSpec, base: ParallelPlan, alt: ParallelPlan) -> 
     """'pp 16 -> 8 with vpp 2, dp 8': the first changed setting in full, the others' new values."""
     changes: list[tuple[str, str, str]] = []
     for f in ("zero_stage", "pp", "tp", "cp", "ep", "vpp", "dp", "dist_opt_instances", "moe_a2a_overlap",
-              "micro_batch", "recompute", "recompute_layers"):
+              "optimizer_offload", "micro_batch", "recompute", "recompute_layers"):
         a, b = getattr(base, f), getattr(alt, f)
         if a != b:
             changes.append((f, str(a), str(b)))

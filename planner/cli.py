@@ -56,6 +56,7 @@ _count = _number(int, 1)
 _count0 = _number(int, 0)
 _positive = _number(float, 0, strict_lo=True)
 _rate = _number(float, 0)
+_share = _number(float, 0, hi=1)
 
 
 def _named(model) -> str:
@@ -304,6 +305,9 @@ def _check_parser() -> _Parser:
     ap.add_argument("--dist-opt-instances", type=_count, default=1, metavar="R",
                     help="replicas of the sharded state (megatron-core --num-distributed-optimizer-instances; with "
                          "--zero-stage 3 HSDP): shard over dp x cp / R neighbouring ranks, all-reduce over R (default 1)")
+    ap.add_argument("--optimizer-offload", type=_share, default=0.0, metavar="F",
+                    help="share of the optimizer state kept in host memory and stepped by the CPU (megatron-core "
+                         "--optimizer-cpu-offload --optimizer-offload-fraction F; needs --zero-stage 1-3); default 0")
     ap.add_argument("--moe-a2a-overlap", action="store_true",
                     help="overlap each MoE layer's all-to-all with another micro-batch's compute (megatron-core "
                          "--overlap-moe-expert-parallel-comm: ep > 1, vpp > 1 when pp > 1, no full recompute)")
@@ -377,7 +381,9 @@ def _print_check(t, est, links: dict, findings: list, trust: dict) -> None:
                                   f"{zero_label(plan.zero_stage)}" + (
                                       f", {plan.dist_opt_instances} replicas of {plan.shard_group}"
                                       f"-rank shards" if plan.dist_opt_instances > 1 else "")
-                                  + (", all-to-all overlapped" if plan.moe_a2a_overlap else ""), trust))
+                                  + (", all-to-all overlapped" if plan.moe_a2a_overlap else "")
+                                  + (f", optimizer {plan.optimizer_offload:.0%} on the CPU"
+                                     if plan.optimizer_offload else ""), trust))
     if t.layers_per_stage is not None:
         con.print(f"layers per pipeline rank: {','.join(str(x) for x in t.layers_per_stage)}; Megatron layout: "
                   f"{t.layout}", markup=False, highlight=False)

@@ -487,6 +487,12 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
             # validate_args (before Blackwell) warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1 here.
             f.notes.append("# tp/cp with Megatron-FSDP: Megatron warns that they prefer different "
                          "CUDA_DEVICE_MAX_CONNECTIONS (1 vs more) before Blackwell; FSDP's requirement wins")
+    if plan.optimizer_offload:
+        # megatron-core 0.16.1 OptimizerConfig: the HybridDeviceOptimizer steps this share of the state on the CPU;
+        # it runs with the precision-aware optimizer (which asserts the distributed optimizer), and the copies to
+        # and from the host overlap the CPU step (what the cost model prices).
+        f.out += ["--optimizer-cpu-offload", f"--optimizer-offload-fraction {plan.optimizer_offload:g}",
+                  "--use-precision-aware-optimizer", "--overlap-cpu-optimizer-d2h-h2d"]
     if plan.moe_a2a_overlap:
         # megatron-core 0.16.1 ModelParallelConfig.overlap_moe_expert_parallel_comm (the combined 1F1B schedule);
         # its rules (costmodel/rules.py) are checked before the arguments are written.
@@ -718,7 +724,22 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
         out["rank_order"] = _TP_PP_DP_ORDER
     out["dist_opt_instances"] = _int(f, "--num-distributed-optimizer-instances", 1) or 1
     out["moe_a2a_overlap"] = "--overlap-moe-expert-parallel-comm" in f
+    if "--optimizer-cpu-offload" in f:
+        out["optimizer_offload"] = _offload_fraction(f.get("--optimizer-offload-fraction"))
     return out
+
+
+def _offload_fraction(value: str | None) -> float:
+    """--optimizer-offload-fraction as megatron/training/arguments.py reads it (default 1.0: all of the state)."""
+    if value is None:
+        return 1.0
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not 0.0 <= x <= 1.0:
+        raise InputError(f"Megatron arguments: --optimizer-offload-fraction needs a number from 0 to 1, got {value!r}")
+    return x
 
 
 # Scripts ----------------------------------------------------------------------------------------

@@ -301,6 +301,8 @@ class CheckRequest(PlanRequest):
     """Replicas of the sharded data-parallel state (HSDP / partial distributed optimizer)."""
     moe_a2a_overlap: bool = False
     """Overlap the MoE all-to-all with another micro-batch's compute (--overlap-moe-expert-parallel-comm)."""
+    optimizer_offload: float = 0.0
+    """Share of the optimizer state in host memory, stepped by the CPU (--optimizer-offload-fraction)."""
     group: str | None = None
     """The device group to check on, for a cluster of device groups."""
     layers_per_stage: str | None = None
@@ -331,8 +333,19 @@ class CheckRequest(PlanRequest):
                             sequence_parallel=not self.no_sequence_parallel, micro_batch=self.micro_batch,
                             global_batch=gbs, recompute=self.recompute, recompute_layers=self.recompute_layers,
                             distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps,
-                            dist_opt_instances=self.dist_opt_instances, moe_a2a_overlap=self.moe_a2a_overlap)
+                            dist_opt_instances=self.dist_opt_instances, moe_a2a_overlap=self.moe_a2a_overlap,
+                            optimizer_offload=self.optimizer_offload)
         check_plan(model, plan, cluster.num_gpus)
+        if plan.optimizer_offload:
+            from costmodel.profiles import load_profile
+
+            prof = load_profile(cluster.gpu)
+            missing = [k for k in ("host_memory_bandwidth_bytes_per_s", "host_link_bandwidth_bytes_per_s")
+                       if getattr(prof, k) is None]
+            if missing:
+                raise InputError(f"--optimizer-offload: GPU profile {cluster.gpu} has no {' or '.join(missing)} "
+                                 f"(what a CPU optimizer step streams through); valid: --optimizer-offload 0, or a "
+                                 f"profile that states its host")
         if plan.recompute == "offload":
             from costmodel.profiles import load_profile
 

@@ -86,6 +86,15 @@ def offload_searched(cluster: ClusterSpec) -> bool:
     return load_profile(cluster.gpu).host_link_bandwidth_bytes_per_s is not None
 
 
+def optimizer_offload_known(cluster: ClusterSpec) -> bool:
+    """Whether a plan may keep its optimizer state in host memory (optimizer_offload): where the GPU's host DRAM
+    bandwidth and host link are known. plan check offers it as a move; the search does not try it."""
+    from costmodel.profiles import load_profile
+
+    prof = load_profile(cluster.gpu)
+    return prof.host_memory_bandwidth_bytes_per_s is not None and prof.host_link_bandwidth_bytes_per_s is not None
+
+
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
                       recompute: tuple[str, ...] | None = None,

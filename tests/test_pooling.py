@@ -250,8 +250,12 @@ def test_a_published_run_over_the_usable_margin_but_within_the_gpu_fits():
     r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 4096})))
     assert r["fits"] and (r["plan"].recompute, r["plan"].recompute_layers) == ("full", 6)
     assert r["assumed"][-1] == "recompute=full:6 (the published layout does not fit with recompute=none as the row says)"
-    # Beyond it with every setting, it does not fit.
+    # Beyond it with every recompute setting, the optimizer state went to host memory (at sequence 32,768).
     r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 32768})))
+    assert r["fits"] and r["plan"].optimizer_offload == 1.0 and r["plan"].recompute == "full"
+    assert "optimizer_offload=1 (the published layout does not fit with its optimizer state on the GPU)" in r["assumed"]
+    # Beyond it with every setting, it does not fit.
+    r = predict_case(dataclasses.replace(longer, model=case.model.model_copy(update={"seq_len": 65536})))
     assert not r["fits"] and r["predicted_peak_memory_bytes"] > cap
 
 

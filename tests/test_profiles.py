@@ -74,7 +74,7 @@ def test_profile_loads_and_is_sourced(path):
     used |= {c["source"] for c in raw.get("curves") or []}
     if isinstance(raw.get("gemm_half_efficiency_dim"), dict):
         used.add(raw["gemm_half_efficiency_dim"]["source"])
-    for k in ("host_link_bandwidth_bytes_per_s", "host_memory_bytes"):
+    for k in ("host_link_bandwidth_bytes_per_s", "host_memory_bytes", "host_memory_bandwidth_bytes_per_s"):
         if raw.get(k):
             used.add(raw[k]["source"])
     if raw.get("unfused_attention_source"):
@@ -305,6 +305,7 @@ def test_headline_numbers(name, memory_gib, bf16, fp8, fp4, nvlink, nic, domain,
     ("A100 PCIe 40GB", "A100-PCIe-40GB"), ("NVIDIA A100-PCIE-40GB", "A100-PCIe-40GB"),
     ("H200 NVL", "H200-NVL"), ("NVIDIA H200 NVL", "H200-NVL"), ("H200 NVL 141GB", "H200-NVL"),
     ("H200 NVL (141GB)", "H200-NVL"), ("8x H200 NVL", "H200-NVL"), ("H200 PCIe", "H200-NVL"),
+    ("GH200 NVL2", "GH200"),
     # The SXM spellings keep their profiles.
     ("H100", "H100"), ("H100 SXM", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("8x H100", "H100"),
     ("DGX H100 (8x H100 SXM)", "H100"), ("A100", "A100-80GB"), ("A100 80GB", "A100-80GB"),

@@ -1,0 +1,168 @@
+"""Optimizer state in host memory (optimizer_offload: megatron-core --optimizer-cpu-offload, DeepSpeed
+ZeRO-Offload): the offloaded share of the Adam state leaves the GPU for the host, and its step runs on the CPU
+at the host DRAM's pace, pipelined with the gradient and weight copies over the host link."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from costmodel.catalog import get_model
+from costmodel.compute import CPU_ADAM_BYTES_PER_PARAM, HOST_STREAM_FRACTION, cpu_optimizer_time_s
+from costmodel.estimate import estimate
+from costmodel.memory import OPTIMIZER_BYTES
+from costmodel.plan import ParallelPlan
+from costmodel.profiles import load_cluster, load_profile
+from costmodel.rules import violations
+from costmodel.runlog import parse_megatron_log
+from costmodel.validate import load_cases, optimizer_offload_named, predict_case
+from costmodel.profiles import InputError
+from executor.launch import preflight
+from planner.cli import main
+from planner.outputs import megatron_args, parse_megatron_args
+from csv_rows import write_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+CSV = ROOT / "data" / "validation" / "published_runs.csv"
+
+
+def _one_node():
+    c = load_cluster("h100x512")
+    return c.model_copy(update={"nodes": 1})
+
+
+def _70b_on_8(**upd):
+    return ParallelPlan(tp=8, pp=1, dp=1, global_batch=64, micro_batch=1, recompute="selective").model_copy(update=upd)
+
+
+def test_host_dram_bandwidth_is_the_cpus_channels_over_the_gpus_that_share_them():
+    # Two sockets x channels x MT/s x 8 bytes, per GPU.
+    assert load_profile("H100").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 4800e6 * 8 / 8)
+    assert load_profile("A100-80GB").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 3200e6 * 8 / 8)
+    assert load_profile("B200").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 5600e6 * 8 / 8)
+    assert load_profile("V100-32GB").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 6 * 2666e6 * 8 / 16,
+                                                                                              rel=1e-3)
+    assert load_profile("GB200").host_memory_bandwidth_bytes_per_s is None
+
+
+def test_the_offloaded_state_leaves_the_gpu_for_the_host():
+    model, cluster = get_model("70b"), _one_node()
+    on = estimate(model, cluster, _70b_on_8())
+    off = estimate(model, cluster, _70b_on_8(optimizer_offload=1.0))
+    half = estimate(model, cluster, _70b_on_8(optimizer_offload=0.5))
+    params = on.memory_breakdown_bytes["optimizer"] / OPTIMIZER_BYTES              # this rank's share of the parameters
+    assert 8.0e9 < params < 9.5e9                               # 70B over tp 8
+    assert off.memory_breakdown_bytes["optimizer"] == 0.0 and half.memory_breakdown_bytes["optimizer"] == pytest.approx(on.memory_breakdown_bytes["optimizer"] / 2)
+    # The host holds the state and a pinned fp32 copy of its gradients: 16 bytes a parameter.
+    assert off.memory_breakdown_bytes["host_offload"] == pytest.approx(params * 16.0) and on.memory_breakdown_bytes["host_offload"] == 0.0
+    assert max(on.peak_memory_bytes) > on.memory_capacity_bytes and not on.fits
+    assert off.fits and max(off.peak_memory_bytes) < on.memory_capacity_bytes
+
+
+def test_the_cpu_step_runs_at_the_host_drams_pace_and_the_gpu_steps_the_rest_meanwhile():
+    model, cluster, prof = get_model("70b"), _one_node(), load_profile("H100")
+    on = estimate(model, cluster, _70b_on_8())
+    off = estimate(model, cluster, _70b_on_8(optimizer_offload=1.0))
+    params = on.memory_breakdown_bytes["optimizer"] / OPTIMIZER_BYTES
+    cpu = params * CPU_ADAM_BYTES_PER_PARAM / (76.8e9 * HOST_STREAM_FRACTION)
+    link = params * 4.0 / 64e9
+    assert cpu > link                               # a DGX H100 rank's CPU step outlasts its PCIe copies
+    assert off.breakdown_s["optimizer"] == pytest.approx(cpu, rel=1e-9)
+    assert 3.5 < cpu < 5.0 and on.breakdown_s["optimizer"] < 0.2
+    assert off.step_time_s - on.step_time_s == pytest.approx(cpu - on.breakdown_s["optimizer"], rel=1e-6)
+    half = estimate(model, cluster, _70b_on_8(optimizer_offload=0.5))
+    assert half.breakdown_s["optimizer"] == pytest.approx(cpu / 2, rel=1e-9)
+    # The copies bound it where the host link is the slower: one GPU of a DGX-2 (PCIe Gen3) has all 16 GPUs'
+    # share of the host DRAM.
+    v100 = load_profile("V100-32GB")
+    t = cpu_optimizer_time_s(v100, 1e9, host_share=16.0)
+    assert float(t) == pytest.approx(1e9 * 4.0 / 16e9)
+    assert float(cpu_optimizer_time_s(v100, 1e9)) == pytest.approx(1e9 * 28.0 / (16e9 * HOST_STREAM_FRACTION))
+    assert float(cpu_optimizer_time_s(load_profile("GB200"), 1e9)) == float("inf")
+
+
+def test_the_rules_and_the_megatron_arguments():
+    model = get_model("70b")
+    plan = _70b_on_8(optimizer_offload=0.5)
+    assert violations(model, plan, 8) == []
+    bad = plan.model_copy(update={"zero_stage": 0, "distributed_optimizer": False})
+    assert any("nothing is sharded (zero_stage=0)" in v for v in violations(model, bad, 8))
+    args = megatron_args(model, plan)
+    assert "--optimizer-cpu-offload" in args and "--optimizer-offload-fraction 0.5" in args
+    assert "--use-precision-aware-optimizer" in args and "--use-distributed-optimizer" in args
+    assert parse_megatron_args(args, num_gpus=8)["optimizer_offload"] == 0.5
+    assert "optimizer_offload" not in parse_megatron_args(megatron_args(model, _70b_on_8()), num_gpus=8)
+    assert ParallelPlan(**parse_megatron_args(args, num_gpus=8)) == plan
+    # megatron/training/arguments.py: --optimizer-offload-fraction defaults to 1.0.
+    assert parse_megatron_args(["--optimizer-cpu-offload", "--use-distributed-optimizer"])["optimizer_offload"] == 1.0
+    with pytest.raises(InputError, match="--optimizer-offload-fraction needs a number from 0 to 1"):
+        parse_megatron_args(["--optimizer-cpu-offload", "--optimizer-offload-fraction", "2"])
+    with pytest.raises(InputError, match="optimizer_offload=0.5 .* not run by the executor"):
+        preflight(model, plan)
+
+
+def test_a_training_log_with_optimizer_offload_reads_as_such():
+    text = (ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log").read_text()
+    line = "  recompute_granularity ........................... None\n"
+    assert line in text and "optimizer_cpu_offload" not in text and "use_distributed_optimizer ....................... True" in text
+    patched = text.replace(line, "  optimizer_cpu_offload ........................... True\n"
+                                 "  optimizer_offload_fraction ...................... 0.25\n" + line)
+    assert parse_megatron_log(patched, "off.log", gpu="H100").measurement.plan.optimizer_offload == 0.25
+    assert parse_megatron_log(text, "on.log", gpu="H100").measurement.plan.optimizer_offload == 0.0
+
+
+def test_published_rows_name_zero_offload_and_a_run_that_fits_no_other_way_offloaded():
+    assert optimizer_offload_named("zero-offload (zero-2 + cpu optimizer)", "") == 1.0
+    assert optimizer_offload_named("distributed optimizer", "--optimizer-cpu-offload --optimizer-offload-fraction 0.5") == 0.5
+    assert optimizer_offload_named("zero-2", "cpu_offloading_num_layers=40") == 0.0   # activations, not this
+
+
+def _gpt2_10b_row(**upd):
+    """GPT-2 10B (50 layers, hidden 4,096) on one V100 32GB of a DGX-2, 8 sequences of 1,024 a step: the
+    single-GPU ZeRO-Offload setting (Ren et al., arXiv:2101.06840); no step time (nothing scored)."""
+    row = dict(next(csv.DictReader(CSV.open())))
+    row.update(source_id="TEST", model_name="GPT-2 10B", params_b="10", layers="50", hidden="4096", ffn_hidden="",
+               heads="32", kv_heads="", vocab="50257", seq_len="1024", moe_experts="", moe_topk="",
+               gpu_type="V100-32GB", num_gpus="1", gpus_per_node="16", tp="1", pp="1", vp="", cp="1", ep="", dp="1",
+               sp="false", recompute="full", global_batch="8", micro_batch="8",
+               zero_stage_or_distopt="ZeRO-Offload", framework="DeepSpeed", measured_metric="", measured_value="",
+               precision="fp16-mixed", notes="Ren et al.", step_time_s="", step_time_derivation="", scored="true")
+    row.update(upd)
+    return row
+
+
+def test_a_zero_offload_row_fits_one_v100_and_pays_for_the_cpu_step(tmp_path):
+    path = write_rows(tmp_path / "zo.csv", [_gpt2_10b_row(), _gpt2_10b_row(zero_stage_or_distopt="ZeRO-2")])
+    cases, errors = load_cases(path, unpublished=True)
+    assert errors == []
+    named, unnamed = cases
+    assert named.plan.optimizer_offload == 1.0 and named.plan.zero_stage == 2 and unnamed.plan.optimizer_offload == 0
+    got = predict_case(named)
+    assert got["fits"] and got["predicted_peak_memory_bytes"] < 32 * 2**30
+    # Without offload the 10B parameters' 12-byte Adam state alone (120 GB) is 3.7x the GPU.
+    on_gpu = estimate(named.model, named.cluster, got["plan"].model_copy(update={"optimizer_offload": 0.0}))
+    assert not on_gpu.fits and max(on_gpu.peak_memory_bytes) > 120e9
+    # A row that leaves offload unsaid and fits no other way ran with it (the run ran).
+    guess = predict_case(unnamed)
+    assert guess["fits"] and guess["plan"].optimizer_offload == 1.0
+    assert guess["assumed"][-1].startswith("optimizer_offload=1 (the published layout does not fit")
+    assert guess["predicted_step_time_s"] == pytest.approx(got["predicted_step_time_s"])
+
+
+def test_plan_check_offers_offload_and_refuses_it_without_a_known_host(tmp_path, capsys):
+    import yaml
+
+    cl = yaml.safe_load((ROOT / "hardware_profiles" / "clusters" / "h100x512.yaml").read_text())
+    cl["nodes"] = 1
+    (tmp_path / "h100x8.yaml").write_text(yaml.safe_dump(cl))
+    rc = main(["check", "--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--tp", "8",
+               "--global-batch", "64"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "optimizer_offload 0.0 -> 1.0: memory 203% -> 66%" in out
+    rc = main(["check", "--model", "8b", "--cluster", "gb200-nvl72x8.yaml", "--tp", "2", "--optimizer-offload", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has no host_memory_bandwidth_bytes_per_s" in err and err.count("\n") == 1
+    rc = main(["check", "--model", "8b", "--cluster", "h100x512.yaml", "--optimizer-offload", "1.5"])
+    assert rc == 2 and "expected" in capsys.readouterr().err

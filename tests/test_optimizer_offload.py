@@ -44,7 +44,10 @@ def test_host_dram_bandwidth_is_the_cpus_channels_over_the_gpus_that_share_them(
     assert load_profile("B200").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 5600e6 * 8 / 8)
     assert load_profile("V100-32GB").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 6 * 2666e6 * 8 / 16,
                                                                                               rel=1e-3)
-    assert load_profile("GB200").host_memory_bandwidth_bytes_per_s is None
+    # Grace: 1 TB/s per superchip of two Grace CPUs; a GB200's Grace serves two GPUs.
+    assert load_profile("GB200").host_memory_bandwidth_bytes_per_s.value == 250e9
+    assert load_profile("GH200").host_memory_bandwidth_bytes_per_s.value == 500e9
+    assert load_profile("H100-PCIe").host_memory_bandwidth_bytes_per_s is None     # a PCIe card: host unknown
 
 
 def test_the_offloaded_state_leaves_the_gpu_for_the_host():
@@ -80,7 +83,7 @@ def test_the_cpu_step_runs_at_the_host_drams_pace_and_the_gpu_steps_the_rest_mea
     t = cpu_optimizer_time_s(v100, 1e9, host_share=16.0)
     assert float(t) == pytest.approx(1e9 * 4.0 / 16e9)
     assert float(cpu_optimizer_time_s(v100, 1e9)) == pytest.approx(1e9 * 28.0 / (16e9 * HOST_STREAM_FRACTION))
-    assert float(cpu_optimizer_time_s(load_profile("GB200"), 1e9)) == float("inf")
+    assert float(cpu_optimizer_time_s(load_profile("H100-PCIe"), 1e9)) == float("inf")
 
 
 def test_the_rules_and_the_megatron_arguments():
@@ -161,7 +164,9 @@ def test_plan_check_offers_offload_and_refuses_it_without_a_known_host(tmp_path,
                "--global-batch", "64"])
     out = capsys.readouterr().out
     assert rc == 1 and "optimizer_offload 0.0 -> 1.0: memory 203% -> 66%" in out
-    rc = main(["check", "--model", "8b", "--cluster", "gb200-nvl72x8.yaml", "--tp", "2", "--optimizer-offload", "1"])
+    cl["gpu"] = "H100-PCIe"
+    (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
+    rc = main(["check", "--model", "8b", "--cluster", str(tmp_path / "pcie.yaml"), "--tp", "2", "--optimizer-offload", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "has no host_memory_bandwidth_bytes_per_s" in err and err.count("\n") == 1
     rc = main(["check", "--model", "8b", "--cluster", "h100x512.yaml", "--optimizer-offload", "1.5"])

@@ -171,3 +171,22 @@ def test_plan_check_offers_offload_and_refuses_it_without_a_known_host(tmp_path,
     assert rc == 2 and "has no host_memory_bandwidth_bytes_per_s" in err and err.count("\n") == 1
     rc = main(["check", "--model", "8b", "--cluster", "h100x512.yaml", "--optimizer-offload", "1.5"])
     assert rc == 2 and "expected" in capsys.readouterr().err
+
+
+def test_when_no_layout_fits_plan_names_the_fastest_with_the_optimizer_in_host_memory(tmp_path, capsys):
+    import yaml
+
+    cl = yaml.safe_load((ROOT / "hardware_profiles" / "clusters" / "h100x512.yaml").read_text())
+    cl["nodes"] = 1
+    (tmp_path / "h100x8.yaml").write_text(yaml.safe_dump(cl))
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--global-batch", "64"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 1 and "no layout fits" in out
+    assert "on these GPUs with the optimizer state in host memory (optimizer_offload 1" in out
+    assert "smallest change that fits: 16 GPUs" in out
+    # Where the host is unknown (a PCIe card), the message offers no offload.
+    cl["gpu"] = "H100-PCIe"
+    (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
+    main(["--model", "70b", "--cluster", str(tmp_path / "pcie.yaml"), "--global-batch", "64"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no layout fits" in out and "optimizer state in host memory" not in out

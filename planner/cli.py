@@ -559,6 +559,9 @@ def cmd_validate(argv: list[str]) -> int:
         con.print(f"{gpu} rows predicted with --profile {args.profile_file} ({prof.calibration.fitted_by})")
     result["interval_coverage"] = interval_coverage(result["rows"])
     con.print(_coverage_line("published step times inside their P10-P90", result["interval_coverage"]))
+    no_fit = [r for r in result["rows"] if r.get("fits") is False]
+    con.print(_no_fit_line(no_fit, sum(1 for r in result["rows"] if r.get("fits") is not None)), markup=False,
+              highlight=False)
     if args.cross_validate:
         result["cross_validation"] = _cross_validate(args.csv, con)
     if args.json:
@@ -568,7 +571,8 @@ def cmd_validate(argv: list[str]) -> int:
                                         "predicted_p90_step_time_s", "support_runs", "published_step_time_s",
                                         "predicted_peak_memory_bytes", "fits", "error", "assumed")}
                 for r in result["rows"]]
-        out = {"rows": rows, "summary": result["summary"], "interval_coverage": result["interval_coverage"]}
+        out = {"rows": rows, "summary": result["summary"], "interval_coverage": result["interval_coverage"],
+               "predicted_not_to_fit": [r["row"] for r in no_fit]}
         if override:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
@@ -580,6 +584,17 @@ def cmd_validate(argv: list[str]) -> int:
 
             write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
+
+
+def _no_fit_line(no_fit: list[dict], predicted: int) -> str:
+    """How many predicted rows the model says would not fit their GPUs (a published run ran, so each is a miss of
+    the memory model), the first few named with their predicted peak."""
+    if not no_fit:
+        return f"predicted to fit: all {predicted} predicted rows"
+    named = "; ".join(f"row {r['row']} {r['model_name']} on {r['num_gpus']} {r['gpu_type']}: "
+                      f"{(r.get('predicted_peak_memory_bytes') or 0) / 1e9:.0f} GB per GPU" for r in no_fit[:5])
+    more = f"; and {len(no_fit) - 5} more" if len(no_fit) > 5 else ""
+    return f"predicted not to fit: {len(no_fit)} of {predicted} predicted rows ({named}{more})"
 
 
 def _cross_validate(csv: str, con) -> dict:

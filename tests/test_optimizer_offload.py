@@ -190,3 +190,16 @@ def test_when_no_layout_fits_plan_names_the_fastest_with_the_optimizer_in_host_m
     main(["--model", "70b", "--cluster", str(tmp_path / "pcie.yaml"), "--global-batch", "64"])
     out = " ".join(capsys.readouterr().out.split())
     assert "no layout fits" in out and "optimizer state in host memory" not in out
+
+
+def test_plan_validate_counts_the_rows_predicted_not_to_fit(tmp_path, capsys):
+    import json
+
+    big = _gpt2_10b_row(model_name="GPT-2 175B", params_b="175", layers="96", hidden="12288", heads="96")
+    path = write_rows(tmp_path / "two.csv", [_gpt2_10b_row(), big])
+    assert main(["validate", str(path), "--json", str(tmp_path / "v.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "predicted not to fit: 1 of 2 predicted rows (row 1 GPT-2 175B on 1 V100-32GB:" in out
+    assert json.loads((tmp_path / "v.json").read_text())["predicted_not_to_fit"] == [1]
+    assert main(["validate", str(write_rows(tmp_path / "one.csv", [_gpt2_10b_row()]))]) == 0
+    assert "predicted to fit: all 1 predicted rows" in " ".join(capsys.readouterr().out.split())

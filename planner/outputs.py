@@ -783,6 +783,19 @@ def _needs_max_connections(plan: ParallelPlan) -> bool:
 
 
 def _env_block(plan: ParallelPlan) -> str:
+    block = _max_connections_block(plan)
+    if plan.optimizer_offload:
+        # torch/distributed/run.py sets OMP_NUM_THREADS=1 for every worker unless it is set; the optimizer's CPU
+        # step (torch AdamW on the CPU, what the cost model prices at the host DRAM's rate) would then run on one
+        # core per rank.
+        block += ("\n# The optimizer's CPU step (--optimizer-cpu-offload) streams the host DRAM: give each rank its share of\n"
+                  "# the cores (torchrun sets OMP_NUM_THREADS=1 otherwise).\n"
+                  "_cores=$(( $(nproc) / ${GPUS_PER_NODE:-8} ))\n"
+                  'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( _cores > 0 ? _cores : 1 ))}"')
+    return block
+
+
+def _max_connections_block(plan: ParallelPlan) -> str:
     if _needs_max_connections(plan):
         return ("# Megatron requires one CUDA hardware queue with tensor/sequence or context parallelism\n"
                 "# (validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == 1 before Blackwell).\n"

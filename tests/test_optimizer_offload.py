@@ -203,3 +203,19 @@ def test_plan_validate_counts_the_rows_predicted_not_to_fit(tmp_path, capsys):
     assert json.loads((tmp_path / "v.json").read_text())["predicted_not_to_fit"] == [1]
     assert main(["validate", str(write_rows(tmp_path / "one.csv", [_gpt2_10b_row()]))]) == 0
     assert "predicted to fit: all 1 predicted rows" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_launch_script_gives_the_cpu_step_its_cores(tmp_path):
+    import subprocess
+
+    from planner.outputs import launch_script
+
+    model, cluster = get_model("70b"), _one_node()
+    off = launch_script(model, cluster, _70b_on_8(optimizer_offload=1.0), megatron_args(model, _70b_on_8(optimizer_offload=1.0)))
+    on = launch_script(model, cluster, _70b_on_8(), megatron_args(model, _70b_on_8()))
+    assert 'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-' in off and "OMP_NUM_THREADS" not in on
+    # The line runs under the script's set -u and gives at least one thread.
+    line = "\n".join(ln for ln in off.splitlines() if ln.startswith(("_cores=", "export OMP_NUM_THREADS")))
+    out = subprocess.run(["bash", "-c", f"set -euo pipefail\nGPUS_PER_NODE=8\n{line}\necho $OMP_NUM_THREADS"],
+                         capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    assert int(out.stdout) >= 1

@@ -14,7 +14,7 @@ Support. The validated runs (hardware_profiles/trust/validated_runs.json, writte
 data/validation/published_runs.csv) near a plan: Megatron runs (Paxml's are not of the planner's program)
 of the same GPU family (generation), same data-parallel sharding
 (distributed optimizer / DDP, or Megatron-FSDP = ZeRO-2/3), same regime of pp, cp and ep (> 1 or not) and of
-the MoE all-to-all overlap (on or off), dense or MoE, and within 4x in GPUs. A plan with fewer than ``thin_support`` of them gets its class's
+the MoE all-to-all overlap and the optimizer offload (on or off), dense or MoE, and within 4x in GPUs. A plan with fewer than ``thin_support`` of them gets its class's
 interval widened about P50 by ``thin_width_factor``: the smallest factor with which the cross-validated
 rows that had thin support in their own training fold are covered as often as the nominal 80%.
 
@@ -201,10 +201,14 @@ def describe_run(row: int, source_id: str, model: ModelSpec, cluster: ClusterSpe
         + [f"{k}{getattr(plan, k)}" for k in ("cp", "ep") if getattr(plan, k) > 1]
     if plan.zero_stage >= FSDP_MIN_STAGE:
         parts.append("fsdp")
-    # The overlap is recorded only where a run had it (the shared runs do not), so the file stays as it was.
+    # The overlap and the optimizer offload are recorded only where a run had them (the shared runs do not), so
+    # the file stays as it was.
     overlap = {"moe_a2a_overlap": True} if plan.moe_a2a_overlap else {}
     if overlap:
         parts.append("a2a-overlap")
+    if plan.optimizer_offload > 0:
+        overlap["optimizer_offload"] = plan.optimizer_offload
+        parts.append("optim-cpu")
     return {**overlap, "row": row, "source_id": source_id, "model_name": model.name, "gpu_type": cluster.gpu,
             "software": software(plan.framework),
             "generation": _generation(cluster), "moe": model.num_experts > 0, "num_gpus": cluster.num_gpus,
@@ -304,16 +308,23 @@ def validated_runs(path: Path = RUNS_FILE) -> dict:
 # Per plan, vectorised
 # ---------------------------------------------------------------------------------------------------------
 
-def regime_code(zero_stage, pp, cp, ep, a2a_overlap=False):
-    """The plan-dependent part of the support key (scalars or arrays): the MoE all-to-all overlap, FSDP, pp > 1,
-    cp > 1, ep > 1 as bits."""
-    return (np.asarray(a2a_overlap, dtype=bool).astype(int) * 16
+REGIMES = 64
+"""Distinct values of regime_code."""
+
+
+def regime_code(zero_stage, pp, cp, ep, a2a_overlap=False, optimizer_offload=0.0):
+    """The plan-dependent part of the support key (scalars or arrays): the optimizer state in host memory (a CPU
+    optimizer step, which no run without it supports), the MoE all-to-all overlap, FSDP, pp > 1, cp > 1, ep > 1 as
+    bits."""
+    return ((np.asarray(optimizer_offload, dtype=float) > 0).astype(int) * 32
+            + np.asarray(a2a_overlap, dtype=bool).astype(int) * 16
             + (np.asarray(zero_stage) >= FSDP_MIN_STAGE).astype(int) * 8 + (np.asarray(pp) > 1) * 4
             + (np.asarray(cp) > 1) * 2 + (np.asarray(ep) > 1) * 1)
 
 
 def _run_code(run: dict) -> int:
-    return int(regime_code(run["zero_stage"], run["pp"], run["cp"], run["ep"], run.get("moe_a2a_overlap", False)))
+    return int(regime_code(run["zero_stage"], run["pp"], run["cp"], run["ep"], run.get("moe_a2a_overlap", False),
+                           run.get("optimizer_offload", 0.0)))
 
 
 def _generation(cluster: ClusterSpec) -> str | None:
@@ -335,11 +346,12 @@ def _support_mask(runs: dict, generation: str | None, moe: bool, num_gpus: int,
 
 def support_counts(model: ModelSpec, cluster: ClusterSpec, plans, runs: dict | None = None,
                    framework: str = "megatron-core") -> np.ndarray:
-    """Validated runs near each plan (PlanArrays): one class lookup per call, then a table of 32 regimes."""
+    """Validated runs near each plan (PlanArrays): one class lookup per call, then a table of the REGIMES regimes."""
     runs = runs or validated_runs()
     mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, framework)
-    table = np.bincount(runs["_arrays"]["code"][mask], minlength=32)
-    return table[regime_code(plans.zero_stage, plans.pp, plans.cp, plans.ep, plans.moe_a2a_overlap)]
+    table = np.bincount(runs["_arrays"]["code"][mask], minlength=REGIMES)
+    return table[regime_code(plans.zero_stage, plans.pp, plans.cp, plans.ep, plans.moe_a2a_overlap,
+                             plans.optimizer_offload)]
 
 
 def interval_class(model: ModelSpec, cluster: ClusterSpec, data: dict | None = None) -> tuple[str, list[float]]:
@@ -384,7 +396,7 @@ def nearest_runs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, lim
     """The validated runs near one plan, closest in GPU count first (then same tp, then same pp)."""
     runs = validated_runs()
     mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, plan.framework)
-    code = int(regime_code(plan.zero_stage, plan.pp, plan.cp, plan.ep, plan.moe_a2a_overlap))
+    code = int(regime_code(plan.zero_stage, plan.pp, plan.cp, plan.ep, plan.moe_a2a_overlap, plan.optimizer_offload))
     idx = np.flatnonzero(mask & (runs["_arrays"]["code"] == code))
     rows = [runs["runs"][i] for i in idx]
     rows.sort(key=lambda r: (abs(math.log(r["num_gpus"] / cluster.num_gpus)), r["tp"] != plan.tp, r["pp"] != plan.pp))

@@ -30,7 +30,7 @@ from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, c
 from costmodel.profiles import InputError, gpu_nvlink_domain, load_profile
 from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
-from planner.search import exhaustive, pareto_front, plan_at
+from planner.search import exhaustive, offload_alternative, pareto_front, plan_at
 
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
@@ -337,7 +337,8 @@ def plan_point(sc: Scenario, a: Assumptions) -> CapacityPoint:
     peak = float(np.nanmax(s["peak_memory_bytes"][i]))
     if not res.any_fits:
         point.reason = (f"no layout fits in memory: the closest needs {peak / 1e9:.0f} GB per GPU against "
-                        f"{float(s['memory_capacity_bytes'][i]) / 1e9:.0f} GB usable")
+                        f"{float(s['memory_capacity_bytes'][i]) / 1e9:.0f} GB usable"
+                        + offload_alternative(model, cl, res, _cost_fn(sc.compression)))
         return point
     point.plan = plan_at(res.plans, i)
     point.step_time_s = float(s["step_time_s"][i])

@@ -134,6 +134,10 @@ def _search_parser() -> _Parser:
                          "validated runs support (default p50)")
     ap.add_argument("--out", metavar="DIR", help="write plan.json, megatron_args.txt, launch.sh, launch.sbatch and "
                                                   "report.png for the best plan into DIR")
+    ap.add_argument("--optimizer-offload", type=_share, default=0.0, metavar="F",
+                    help="search only layouts that keep this share of the optimizer state in host memory, stepped by "
+                         "the CPU (megatron-core --optimizer-cpu-offload --optimizer-offload-fraction F; sharded "
+                         "layouts, searched exhaustively); default 0")
     _routing_args(ap, placement_default="best")
     _profile_arg(ap)
     return ap
@@ -165,6 +169,18 @@ def cmd_search(argv: list[str]) -> int:
     if (routing is not None or cluster.device_groups) and wants_optuna:
         raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
                          "--storage, --trials and --objectives")
+    if req.optimizer_offload:
+        if routing is not None or cluster.device_groups:
+            raise InputError("--optimizer-offload is searched on a homogeneous cluster without --routing; drop "
+                             "--routing, or check one layout with plan check --optimizer-offload")
+        if wants_optuna:
+            raise InputError("--optimizer-offload is searched exhaustively; drop --sampler, --storage, --trials and "
+                             "--objectives")
+        from planner.search import exhaustive
+
+        args.exhaustive = True
+        res = exhaustive(model, cluster, gbs, rank_by=args.rank_by, optimizer_offload=req.optimizer_offload)
+        return _print_search(args, model, cluster, gbs, res)
     if cluster.device_groups:
         return _search_hetero(args, model, cluster, gbs, routing)
     if routing is not None:
@@ -208,7 +224,7 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
         if not res.any_fits:
             from planner.search import explain_no_fit
 
-            out["no_fit"] = explain_no_fit(model, cluster, gbs, res)
+            out["no_fit"] = explain_no_fit(model, cluster, gbs, res, **_space_kw(args))
         print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
@@ -222,9 +238,15 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
     if not res.any_fits:
         from planner.search import explain_no_fit
 
-        con.print(f"[red]{explain_no_fit(model, cluster, gbs, res)}[/red]")
+        con.print(f"[red]{explain_no_fit(model, cluster, gbs, res, **_space_kw(args))}[/red]")
         return 1
     return 0
+
+
+def _space_kw(args) -> dict:
+    """The candidate-space keywords a search's flags set (planner.space.candidate_columns)."""
+    f = getattr(args, "optimizer_offload", 0.0)
+    return {"optimizer_offload": f} if f else {}
 
 
 def _check_storage(url: str) -> None:

@@ -70,7 +70,7 @@ def support_cell(r: dict) -> str:
     return f"[yellow]{r['support_runs']} ![/yellow]" if r["thin_support"] else str(r["support_runs"])
 
 
-THIN_LEGEND = ("support: validated runs near the plan (same GPU generation, sharding, pp/cp/ep regime, dense/MoE, "
+THIN_LEGEND = ("support: validated runs near the plan (same GPU generation, sharding, pp/cp/ep/offload regime, dense/MoE, "
                "within 4x in GPUs); ! = fewer than 3, the interval is widened")
 
 

@@ -207,6 +207,9 @@ class PlanRequest:
     """Expert placement with --routing: best, contiguous or lpt."""
     capacity_factor: float | None = None
     """MoE expert capacity factor with --routing."""
+    optimizer_offload: float = 0.0
+    """Share of the optimizer state in host memory, stepped by the CPU (--optimizer-offload-fraction); plan searches
+    only layouts with that share offloaded."""
 
     def load_target(self):
         """(model, cluster): loaded, --profile applied, the model in a precision the cluster runs."""
@@ -236,6 +239,8 @@ class PlanRequest:
 
     def resolve(self) -> Target:
         model, cluster = self.load_target()
+        if self.optimizer_offload:
+            _check_offload_host(cluster)
         profile = None
         if self.start_profile:
             from costmodel.profiles import load_profile
@@ -255,6 +260,21 @@ class PlanRequest:
 
         places = PLACEMENTS if (self.placement == "best" or not restrict) else (self.placement,)
         return load_routing(self.routing, model, capacity_factor=self.capacity_factor, placements=places)
+
+
+def _check_offload_host(cluster) -> None:
+    """One-line error where --optimizer-offload asks for a CPU optimizer step on a GPU whose host is unknown."""
+    from costmodel.profiles import load_profile
+
+    gpus = [g.gpu for g in cluster.device_groups] if cluster.device_groups else [cluster.gpu]
+    for gpu in dict.fromkeys(gpus):
+        prof = load_profile(gpu)
+        missing = [k for k in ("host_memory_bandwidth_bytes_per_s", "host_link_bandwidth_bytes_per_s")
+                   if getattr(prof, k) is None]
+        if missing:
+            raise InputError(f"--optimizer-offload: GPU profile {prof.name} has no {' or '.join(missing)} "
+                             f"(what a CPU optimizer step streams through); valid: --optimizer-offload 0, or a "
+                             f"profile that states its host")
 
 
 # plan check --------------------------------------------------------------------------------------------
@@ -301,8 +321,6 @@ class CheckRequest(PlanRequest):
     """Replicas of the sharded data-parallel state (HSDP / partial distributed optimizer)."""
     moe_a2a_overlap: bool = False
     """Overlap the MoE all-to-all with another micro-batch's compute (--overlap-moe-expert-parallel-comm)."""
-    optimizer_offload: float = 0.0
-    """Share of the optimizer state in host memory, stepped by the CPU (--optimizer-offload-fraction)."""
     group: str | None = None
     """The device group to check on, for a cluster of device groups."""
     layers_per_stage: str | None = None
@@ -337,15 +355,7 @@ class CheckRequest(PlanRequest):
                             optimizer_offload=self.optimizer_offload)
         check_plan(model, plan, cluster.num_gpus)
         if plan.optimizer_offload:
-            from costmodel.profiles import load_profile
-
-            prof = load_profile(cluster.gpu)
-            missing = [k for k in ("host_memory_bandwidth_bytes_per_s", "host_link_bandwidth_bytes_per_s")
-                       if getattr(prof, k) is None]
-            if missing:
-                raise InputError(f"--optimizer-offload: GPU profile {cluster.gpu} has no {' or '.join(missing)} "
-                                 f"(what a CPU optimizer step streams through); valid: --optimizer-offload 0, or a "
-                                 f"profile that states its host")
+            _check_offload_host(cluster)
         if plan.recompute == "offload":
             from costmodel.profiles import load_profile
 

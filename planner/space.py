@@ -62,7 +62,8 @@ ZERO_TAGS = {2: "zero2", 3: "fsdp"}
 
 
 def layout(p: dict) -> str:
-    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always) and the sharding when it is FSDP."""
+    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always), the sharding when it is FSDP, and
+    'optim-cpu' (or 'optim-cpu50%') where the optimizer state is (partly) in host memory."""
     parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
     if p["vpp"] > 1:
         parts.append(f"vpp{p['vpp']}")
@@ -75,6 +76,9 @@ def layout(p: dict) -> str:
         parts.append(f"etp{p['etp']}")
     if p.get("zero_stage", 1) in ZERO_TAGS:
         parts.append(ZERO_TAGS[p["zero_stage"]])
+    off = float(p.get("optimizer_offload") or 0.0)
+    if off > 0:
+        parts.append("optim-cpu" if off >= 1 else f"optim-cpu{off:.0%}")
     return " ".join(parts)
 
 
@@ -88,7 +92,8 @@ def offload_searched(cluster: ClusterSpec) -> bool:
 
 def optimizer_offload_known(cluster: ClusterSpec) -> bool:
     """Whether a plan may keep its optimizer state in host memory (optimizer_offload): where the GPU's host DRAM
-    bandwidth and host link are known. plan check offers it as a move; the search does not try it."""
+    bandwidth and host link are known. plan check offers it as a move; the search tries it only when asked
+    (``plan --optimizer-offload F``: candidate_columns ``optimizer_offload``)."""
     from costmodel.profiles import load_profile
 
     prof = load_profile(cluster.gpu)
@@ -98,11 +103,14 @@ def optimizer_offload_known(cluster: ClusterSpec) -> bool:
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
                       recompute: tuple[str, ...] | None = None,
-                      zero_stages: tuple[int, ...] = ZERO_STAGES) -> dict[str, np.ndarray]:
+                      zero_stages: tuple[int, ...] = ZERO_STAGES,
+                      optimizer_offload: float = 0.0) -> dict[str, np.ndarray]:
     """All combinations of degrees and knobs (before the rules); ZeRO stages >= 2 only where they shard
     something (dp*cp > 1) and Megatron-FSDP runs (pp = 1). ``recompute`` defaults to none, selective, full and,
     where the GPU's host link is known, offload (of all layers but the last; pp = 1 only, as megatron-core
-    allows)."""
+    allows). ``optimizer_offload`` F > 0: every candidate keeps that share of its optimizer state in host memory
+    (megatron-core --optimizer-cpu-offload --optimizer-offload-fraction F), so only sharded ones (ZeRO stage >= 1)
+    are built."""
     if recompute is None:
         recompute = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
     bad = sorted(set(zero_stages) - {0, 1, 2, 3})
@@ -110,6 +118,12 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
         from costmodel.profiles import InputError
 
         raise InputError(f"zero_stages {list(zero_stages)}: valid ZeRO stages are 0, 1, 2, 3 (at least one)")
+    if not 0.0 <= optimizer_offload <= 1.0:
+        from costmodel.profiles import InputError
+
+        raise InputError(f"optimizer_offload {optimizer_offload}: a share from 0 to 1")
+    if optimizer_offload > 0:
+        zero_stages = tuple(z for z in zero_stages if z >= 1)
     n = cluster.num_gpus
     tps = [t for t in pow2_upto(min(cluster.domain_gpus, 16)) if n % t == 0]
     cps = cp_degrees(model)
@@ -147,6 +161,8 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     cols["global_batch"] = np.full(len(arr), float(global_batch))
     cols["sp"] = cols["tp"] > 1
     cols["distributed_optimizer"] = cols["zero_stage"] >= 1
+    if optimizer_offload > 0:
+        cols["optimizer_offload"] = np.full(len(arr), float(optimizer_offload))
     return cols
 
 

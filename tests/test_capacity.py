@@ -364,3 +364,14 @@ def test_varying_the_gpu_to_a_pcie_board_takes_its_bridged_pair_as_the_nvlink_do
     assert vary(sc, "gpu", "H100-PCIe").cluster.domain_gpus == 2
     assert vary(sc, "gpu", "H200-NVL").cluster.domain_gpus == 4
     assert vary(sc, "gpu", "B200").cluster.domain_gpus == 8
+
+
+def test_a_point_that_fits_nowhere_names_the_layout_that_fits_with_the_optimizer_in_host_memory():
+    from planner.capacity import plan_point
+
+    one_node = load_cluster("h100x512").model_copy(update={"nodes": 1})
+    point = plan_point(Scenario(get_model("70b"), one_node, global_batch=64), Assumptions(tokens=1e12))
+    assert not point.fits
+    assert point.reason.startswith("no layout fits in memory: the closest needs")
+    assert "with the optimizer state in host memory (optimizer_offload 1" in point.reason
+    assert "tp4 pp1 dp2 fsdp optim-cpu, selective recompute, micro-batch 1 fits at 57.0 s per step" in point.reason

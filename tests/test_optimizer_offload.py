@@ -219,3 +219,50 @@ def test_the_launch_script_gives_the_cpu_step_its_cores(tmp_path):
     out = subprocess.run(["bash", "-c", f"set -euo pipefail\nGPUS_PER_NODE=8\n{line}\necho $OMP_NUM_THREADS"],
                          capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
     assert int(out.stdout) >= 1
+
+
+def test_plan_searches_layouts_with_the_optimizer_in_host_memory_when_asked(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from costmodel.trust import support_counts
+    from planner.space import valid_plans
+
+    cl = yaml.safe_load((ROOT / "hardware_profiles" / "clusters" / "h100x512.yaml").read_text())
+    cl["nodes"] = 1
+    (tmp_path / "h100x8.yaml").write_text(yaml.safe_dump(cl))
+    # Every candidate offloads the share asked for and shards its optimizer state (no DDP layouts).
+    model, cluster = get_model("70b"), load_cluster(str(tmp_path / "h100x8.yaml"))
+    plans = valid_plans(model, cluster, 64, optimizer_offload=0.5)
+    assert len(plans) > 0 and set(plans.optimizer_offload) == {0.5} and plans.zero_stage.min() >= 1
+    with_ddp = valid_plans(model, cluster, 64, zero_stages=(0, 1))
+    assert (with_ddp.zero_stage == 0).any()
+    assert not (valid_plans(model, cluster, 64, zero_stages=(0, 1), optimizer_offload=1.0).zero_stage == 0).any()
+    # No published run offloads its optimizer: such a plan has no validated support (the wider interval).
+    assert set(support_counts(model, cluster, plans)) == {0}
+    # The search ranks them and the best is the layout the no-fit message names (tp4 dp2 FSDP, 57.0 s).
+    out_dir = tmp_path / "plan"
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--global-batch", "64",
+               "--optimizer-offload", "1", "--json", "--out", str(out_dir)])
+    got = json.loads(capsys.readouterr().out)
+    best = got["plans"][0]
+    assert rc == 0 and best["fits"] and best["plan"]["optimizer_offload"] == 1.0
+    assert (best["plan"]["tp"], best["plan"]["dp"], best["plan"]["zero_stage"]) == (4, 2, 3)
+    assert best["step_time_s"] == pytest.approx(57.0, abs=0.05) and best["support_runs"] == 0
+    assert best["breakdown_s"]["optimizer"] == pytest.approx(4.3, abs=0.05)
+    assert "--optimizer-cpu-offload" in (out_dir / "megatron_args.txt").read_text()
+    capsys.readouterr()
+    main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--global-batch", "64",
+          "--optimizer-offload", "1", "--top", "1"])
+    assert "tp4 pp1 dp2 fsdp optim-cpu" in capsys.readouterr().out
+    # Offload only searched exhaustively, on a GPU whose host is known.
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--optimizer-offload", "1",
+               "--sampler", "tpe"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--optimizer-offload is searched exhaustively" in err and err.count("\n") == 1
+    cl["gpu"] = "H100-PCIe"
+    (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "pcie.yaml"), "--optimizer-offload", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "GPU profile H100-PCIe has no host_memory_bandwidth_bytes_per_s" in err

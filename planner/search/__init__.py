@@ -15,7 +15,8 @@ Cost functions (``CostFn``: ``cost(model, cluster, plans) -> score columns``; ``
 ``costmodel.estimate.estimate_arrays``) are passed in: the planner never imports the executor. Results
 (``SearchResult``, ``ranked``, ``rank_time``, ``RANK_BY``, ``to_plan``, ``plan_at``, ``pareto_front``),
 the Optuna study's space and seeds (``SearchSpace``, ``search_space``, ``OPTUNA_KNOBS``, ``expert_seeds``,
-``default_budget``, ``polish_budget``) and ``explain_no_fit`` (why nothing fits) complete the API.
+``default_budget``, ``polish_budget``), ``explain_no_fit`` (why nothing fits) and ``offload_alternative`` (what
+fits with the optimizer state in host memory) complete the API.
 
 Private modules: ``_results`` (CostFn, result types), ``_ranking`` (orders, Pareto fronts), ``_strategy``
 (exhaustive, the choice), ``_keys`` (knob keys, the study's space, trial parameters), ``_seeds`` (expert
@@ -32,7 +33,7 @@ import importlib
 
 from planner.search._budget import POLISH_FRACTION, default_budget, polish_budget
 from planner.search._keys import OPTUNA_KNOBS, SearchSpace, search_space
-from planner.search._messages import explain_no_fit
+from planner.search._messages import explain_no_fit, offload_alternative
 from planner.search._ranking import OBJECTIVES, RANK_BY, pareto_front, rank_time
 from planner.search._results import CostFn, OptunaResult, SearchResult, default_cost, plan_at, ranked, to_plan
 from planner.search._seeds import expert_seeds
@@ -43,7 +44,7 @@ _LAZY = {"optuna_search": "planner.search._optuna", "SAMPLERS": "planner.search.
 
 __all__ = ["CostFn", "EXHAUSTIVE_LIMIT", "OBJECTIVES", "OPTUNA_KNOBS", "OptunaResult", "POLISH_FRACTION", "RANK_BY",
            "SAMPLERS", "SearchResult", "SearchSpace", "Strategy", "choose_strategy", "default_budget", "default_cost",
-           "exhaustive", "expert_seeds", "explain_no_fit", "optuna_search", "pareto_front", "plan_at",
+           "exhaustive", "expert_seeds", "explain_no_fit", "offload_alternative", "optuna_search", "pareto_front", "plan_at",
            "polish_budget", "rank_time", "ranked", "search_space", "to_plan"]
 
 

@@ -14,9 +14,10 @@ GB = 1e9
 
 
 def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, result: SearchResult,
-                   cost: CostFn = default_cost, max_doublings: int = 6) -> str:
+                   cost: CostFn = default_cost, max_doublings: int = 6, **space_kw) -> str:
     """Why nothing fits, and the smallest change that would: the closest plan's memory against capacity and
-    what dominates it, then the fewest nodes (doubling) at which some layout fits."""
+    what dominates it, then the fewest nodes (doubling) at which some layout fits (``space_kw``: the
+    candidate-space keywords the search ran with, planner.space.candidate_columns)."""
     i = int(result.order[0])
     peak = float(np.nanmax(result.scores["peak_memory_bytes"][i]))
     cap = float(result.scores["memory_capacity_bytes"][i])
@@ -26,10 +27,10 @@ def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, re
     p = to_plan(result.plans, i)
     msg = (f"no layout fits: the closest ({layout(p.model_dump())}, {p.recompute} recompute, micro-batch "
            f"{p.micro_batch}) needs {peak / GB:.0f} GB per GPU against {cap / GB:.0f} GB usable, mostly {top}")
-    msg += _with_optimizer_offload(model, cluster, result, cost)
+    msg += offload_alternative(model, cluster, result, cost)
     for k in range(1, max_doublings + 1):
         bigger = cluster.model_copy(update={"nodes": cluster.nodes * 2**k})
-        res = exhaustive(model, bigger, global_batch, cost)
+        res = exhaustive(model, bigger, global_batch, cost, **space_kw)
         if res.any_fits:
             q = to_plan(res.plans, int(res.order[0]))
             return (msg + f"; smallest change that fits: {bigger.num_gpus} GPUs ({bigger.nodes} nodes) with "
@@ -37,12 +38,13 @@ def explain_no_fit(model: ModelSpec, cluster: ClusterSpec, global_batch: int, re
     return msg + f"; even {cluster.num_gpus * 2**max_doublings} GPUs do not fit it: a GPU with more memory is needed"
 
 
-def _with_optimizer_offload(model: ModelSpec, cluster: ClusterSpec, result: SearchResult, cost: CostFn) -> str:
+def offload_alternative(model: ModelSpec, cluster: ClusterSpec, result: SearchResult, cost: CostFn = default_cost) -> str:
     """'; on these GPUs with the optimizer state in host memory: ...' where the candidates with a sharded optimizer
     state fit with all of it offloaded (optimizer_offload 1: megatron-core --optimizer-cpu-offload), the fastest of
-    them; '' where none does or the GPU's host is unknown (the cost model prices such plans at infinity)."""
+    them; '' where none does, every candidate offloads all of it already, or the GPU's host is unknown (the cost
+    model prices such plans at infinity)."""
     a = result.plans
-    keep = np.flatnonzero(a.zero_stage >= 1)
+    keep = np.flatnonzero((a.zero_stage >= 1) & (a.optimizer_offload < 1.0))
     if keep.size == 0:
         return ""
     cols = {k: v[keep].copy() for k, v in a.__dict__.items() if k != "stage_layers" and v is not None}

@@ -15,6 +15,9 @@ per-GPU speed spread of sigma = 8% / 5.4 = 1.5% (GPU_SPEED_SPREAD). Outliers are
 drain (Llama 3 paper Sec. 3.3.4; MegaScale, NSDI'24, Sec. 5), so only the Gaussian part is kept. The
 slowest of N GPUs is then expected sigma * E[max of N standard normals] behind the mean, about
 sigma * sqrt(2 ln N) (extreme value theory, below): 4.6% at 512 GPUs, 5.7% at 8,192, 6.0% at 16,384.
+Newer platforms vary at least as much: Golden et al. 2025, "PRISM" (arXiv:2510.15596, Meta), find GEMM
+microbenchmarks across GPUs at scale differing by up to 14% depending on hardware and deployment (no per-platform
+spread is given there, so it does not set the number).
 
 Collective latency over many nodes. NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc,
 ncclTopoTuneModel, at commit 01afd20a of the public repository) charges a ring collective a base latency

@@ -265,14 +265,13 @@ class PlanRequest:
 def _check_offload_host(cluster) -> None:
     """One-line error where --optimizer-offload asks for a CPU optimizer step on a GPU whose host is unknown."""
     from costmodel.profiles import load_profile
+    from planner.space import missing_host_fields
 
     gpus = [g.gpu for g in cluster.device_groups] if cluster.device_groups else [cluster.gpu]
     for gpu in dict.fromkeys(gpus):
-        prof = load_profile(gpu)
-        missing = [k for k in ("host_memory_bandwidth_bytes_per_s", "host_link_bandwidth_bytes_per_s")
-                   if getattr(prof, k) is None]
+        missing = missing_host_fields(gpu)
         if missing:
-            raise InputError(f"--optimizer-offload: GPU profile {prof.name} has no {' or '.join(missing)} "
+            raise InputError(f"--optimizer-offload: GPU profile {load_profile(gpu).name} has no {' or '.join(missing)} "
                              f"(what a CPU optimizer step streams through); valid: --optimizer-offload 0, or a "
                              f"profile that states its host")
 

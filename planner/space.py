@@ -90,14 +90,21 @@ def offload_searched(cluster: ClusterSpec) -> bool:
     return load_profile(cluster.gpu).host_link_bandwidth_bytes_per_s is not None
 
 
+def missing_host_fields(gpu: str) -> list[str]:
+    """The host fields of GPU profile ``gpu`` that a CPU optimizer step streams through (host DRAM, host link)
+    and the profile does not state."""
+    from costmodel.profiles import load_profile
+
+    prof = load_profile(gpu)
+    return [k for k in ("host_memory_bandwidth_bytes_per_s", "host_link_bandwidth_bytes_per_s")
+            if getattr(prof, k) is None]
+
+
 def optimizer_offload_known(cluster: ClusterSpec) -> bool:
     """Whether a plan may keep its optimizer state in host memory (optimizer_offload): where the GPU's host DRAM
     bandwidth and host link are known. plan check offers it as a move; the search tries it only when asked
     (``plan --optimizer-offload F``: candidate_columns ``optimizer_offload``)."""
-    from costmodel.profiles import load_profile
-
-    prof = load_profile(cluster.gpu)
-    return prof.host_memory_bandwidth_bytes_per_s is not None and prof.host_link_bandwidth_bytes_per_s is not None
+    return not missing_host_fields(cluster.gpu)
 
 
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,

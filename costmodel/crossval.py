@@ -111,8 +111,9 @@ def cross_validate(path: str | Path, progress=None, workers: int | None = None,
         out["schemes"][scheme] = {"folds": [results[(scheme, k)][0] for k in keys], "summary": summary,
                                   "rows": sorted(rows, key=lambda r: r["row"])}
     if "source" in out["schemes"]:
-        out["one_run_calibration"] = pool_one_run([f.pop("one_run_calibration")
-                                                   for f in out["schemes"]["source"]["folds"]])
+        folds = out["schemes"]["source"]["folds"]
+        out["one_run_calibration"] = pool_one_run([f.pop("one_run_calibration") for f in folds],
+                                                  sources=[f["left_out"] for f in folds])
     first = out["schemes"][schemes[0]]
     out["folds"], out["summary"] = first["folds"], first["summary"]
     return out
@@ -279,9 +280,14 @@ ONE_RUN_FIGURES = ("same_model", "same_model_one_file", "same_config", "same_rel
 SCHEME = "one factor, the one the run moves most for how few fitted runs pin it down (costmodel/recalibrate.py)"
 
 
-def pool_one_run(results: list[dict]) -> dict:
+def pool_one_run(results: list[dict], sources: list[str] | None = None) -> dict:
     """Several one_run_calibration_cv results (one per held-out source) as one: figures over all their rows,
-    groups listed together, raw errors dropped (the same-model log residuals kept)."""
+    groups listed together, raw errors dropped (the same-model log residuals kept).
+
+    ``sources`` names the held-out source of each result: each figure then also has ``per_source`` (that
+    source's pairs alone; sources without pairs left out) and ``source_mean_mape``, the mean of those MAPEs, which
+    weighs every source (one stack, as a user's cluster runs one) alike where the pooled MAPE weighs every
+    pair, and so the sources with the most pairs."""
     out: dict = {"scheme": SCHEME}
     for key in ONE_RUN_FIGURES:
         after = [x for r in results for x in r[key]["ape"]]
@@ -289,6 +295,11 @@ def pool_one_run(results: list[dict]) -> dict:
         out[key] = {**_stats(after), "before": _stats(before),
                     **({"groups": [g for r in results for g in r[key]["groups"]]} if "groups" in results[0][key]
                        else {})}
+        if sources is not None:
+            per = {s: _stats(r[key]["ape"]) for s, r in zip(sources, results, strict=True) if r[key]["ape"]}
+            out[key]["per_source"] = per
+            out[key]["source_mean_mape"] = (round(float(np.mean([v["mape"] for v in per.values()])), 2)
+                                            if per else None)
         if "residuals" in results[0][key]:
             out[key]["residuals"] = [x for r in results for x in r[key]["residuals"]]
         if "floor" in results[0][key]:

@@ -623,7 +623,7 @@ def _cross_validate(csv: str, con) -> dict:
     """plan validate --cross-validate: the folds (a progress bar on stderr), their tables and coverage lines."""
     from costmodel.crossval import cross_validate
     from costmodel.validate import interval_coverage, nested_interval_coverage
-    from planner.report import CV_TITLES, cross_validation_tables, one_run_table
+    from planner.report import CV_TITLES, cross_validation_tables, one_run_source_table, one_run_table
     from planner.terminal import progress_bar
 
     with progress_bar("cross-validation folds") as bar:
@@ -633,6 +633,9 @@ def _cross_validate(csv: str, con) -> dict:
         con.print(t)
     if "one_run_calibration" in cv:
         con.print(one_run_table(cv["one_run_calibration"]))
+        by_source = one_run_source_table(cv["one_run_calibration"])
+        if by_source is not None:
+            con.print(by_source)
     for scheme, res in cv["schemes"].items():
         res["interval_coverage"] = interval_coverage(res["rows"])
         res["nested_interval_coverage"] = nested_interval_coverage(csv, res["rows"])

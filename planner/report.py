@@ -177,10 +177,9 @@ def validation_tables(summary: dict) -> list[Table]:
         groups = dict(summary[key])
         groups["all"] = summary["overall"]
         for name, st in groups.items():
-            fmt = (lambda v: "-" if v is None else f"{v:.1f}")  # noqa: E731
             t.add_row(name, str(st["count"]), str(st["predicted"]),
-                      *((str(st.get("unscored", 0)),) if unscored else ()), fmt(st["mape"]), fmt(st["median_ape"]),
-                      fmt(st["p90_ape"]), style="bold" if name == "all" else None)
+                      *((str(st.get("unscored", 0)),) if unscored else ()), _pct(st["mape"]), _pct(st["median_ape"]),
+                      _pct(st["p90_ape"]), style="bold" if name == "all" else None)
         out.append(t)
     return out
 
@@ -193,7 +192,7 @@ CV_TITLES = {"source": "Leave-one-source-out (profiles refitted without the sour
 def cross_validation_tables(cv: dict) -> list[Table]:
     """One table per cross-validation scheme: each fold's error on what it left out, then all folds."""
     out = []
-    fmt = (lambda v: "-" if v is None else f"{v:.1f}")  # noqa: E731
+    fmt = _pct
     for scheme, res in cv["schemes"].items():
         t = Table(title=CV_TITLES.get(scheme, scheme), header_style="bold")
         for col in ("left out", "rows", "MAPE %", "median %", "p90 %"):
@@ -348,28 +347,61 @@ def save_report_png(path, e: StepEstimate, title: str, microbatches: int, trust:
     plt.close(fig)
 
 
+ONE_RUN_ROWS = (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
+                ("same_model_one_file", "1st runs of all (source, GPU, model) at once", "their other runs"),
+                ("same_config", "1st run of a (source, GPU, model)", "its repeats (same configuration, another release)"),
+                ("same_release", "1st run of a (source, release, GPU, model)", "its other runs"),
+                ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs"),
+                ("other_models_same_release", "1st run of each model of a (source, release, GPU)",
+                 "the other models' runs"))
+"""The one-run calibration figures (costmodel.crossval.one_run_calibration_cv) as the tables name them: key, what
+calibrates, what is predicted."""
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def one_run_table(one: dict):
-    """One-run calibration inside the held-out sources: MAPE / median before and after."""
+    """One-run calibration inside the held-out sources: MAPE / median before and after, and the mean of the
+    sources' own MAPEs (each source weighed alike) where the figures carry it."""
     t = Table(title=f"One-run calibration inside each held-out source ({one['scheme']})", header_style="bold")
+    by_source = any("source_mean_mape" in one.get(key, {}) for key, _, _ in ONE_RUN_ROWS)
     for col in ("calibrate on", "predict", "rows", "before MAPE %", "before median %", "after MAPE %",
-                "after median %"):
+                "after median %", *(("mean of sources %",) if by_source else ())):
         t.add_column(col, justify="left" if col in ("calibrate on", "predict") else "right")
-    fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-    for key, on, what in (("same_model", "1st run of a (source, GPU, model)", "its other runs"),
-                          ("same_model_one_file", "1st runs of all (source, GPU, model) at once", "their other runs"),
-                          ("same_config", "1st run of a (source, GPU, model)",
-                           "its repeats (same configuration, another release)"),
-                          ("same_release", "1st run of a (source, release, GPU, model)", "its other runs"),
-                          ("other_models", "1st run of each model of a (source, GPU)", "the other models' runs"),
-                          ("other_models_same_release", "1st run of each model of a (source, release, GPU)",
-                           "the other models' runs")):
+    for key, on, what in ONE_RUN_ROWS:
         if key not in one:
             continue
         r = one[key]
-        t.add_row(on, what, str(r["count"]), fmt(r["before"]["mape"]), fmt(r["before"]["median_ape"]),
-                  fmt(r["mape"]), fmt(r["median_ape"]))
+        t.add_row(on, what, str(r["count"]), _pct(r["before"]["mape"]), _pct(r["before"]["median_ape"]),
+                  _pct(r["mape"]), _pct(r["median_ape"]), *((_pct(r.get("source_mean_mape")),) if by_source else ()))
     floor = one.get("same_config", {}).get("floor")
     if floor and floor["count"]:
-        t.caption = (f"repeats: the 1st run's own published step time as their prediction is {fmt(floor['mape'])}% "
-                     f"off (median {fmt(floor['median_ape'])}%), the release-to-release drift one run cannot remove")
+        t.caption = (f"repeats: the 1st run's own published step time as their prediction is {_pct(floor['mape'])}% "
+                     f"off (median {_pct(floor['median_ape'])}%), the release-to-release drift one run cannot remove")
+    return t
+
+
+def one_run_source_table(one: dict):
+    """The one-run calibration figures by held-out source (after calibration: MAPE % and pairs), None where the
+    figures carry no per-source split."""
+    keys = [(key, on, what) for key, on, what in ONE_RUN_ROWS
+            if key in one and "per_source" in one[key] and key != "same_model_one_file"]
+    sources = sorted({s for key, _, _ in keys for s in one[key]["per_source"]})
+    if not keys or not sources:
+        return None
+    short = {"same_model": "same model", "same_config": "repeats", "same_release": "same model, one release",
+             "other_models": "other models", "other_models_same_release": "other models, one release"}
+    t = Table(title="One-run calibration by held-out source: MAPE % after calibration (pairs)", header_style="bold")
+    t.add_column("source")
+    for key, _, _ in keys:
+        t.add_column(short[key], justify="right")
+    for src in sources:
+        cells = []
+        for key, _, _ in keys:
+            r = one[key]["per_source"].get(src)
+            cells.append(f"{_pct(r['mape'])} ({r['count']})" if r else "-")
+        t.add_row(src, *cells)
+    t.add_row("mean of sources", *(_pct(one[key]["source_mean_mape"]) for key, _, _ in keys))
     return t

@@ -165,6 +165,12 @@ def test_cross_validate_predicts_every_row_of_each_held_out_source_once(tmp_path
     assert sorted(r["row"] for r in held) == sorted({r["row"] for r in held}) and len(held) == len(scored)
     assert all(r["source_id"] == f["left_out"] for f in folds for r in held if r["fold"] == f["left_out"])
     assert 0 < cv["summary"]["overall"]["mape"] < 30
+    # One-run calibration inside each held-out source, split by source: only these three have other-model pairs.
+    other = cv["one_run_calibration"]["other_models"]
+    assert set(other["per_source"]) == set(keep)
+    assert sum(v["count"] for v in other["per_source"].values()) == other["count"]
+    assert other["source_mean_mape"] == pytest.approx(np.mean([v["mape"] for v in other["per_source"].values()]),
+                                                      abs=0.01)
 
 
 def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):

@@ -629,6 +629,37 @@ def test_one_run_cv_scores_repeats_of_the_anchor_and_their_drift_floor():
     assert "groups" not in pooled["same_config"] and pooled["same_model"]["count"] == 6
 
 
+def test_pooled_one_run_figures_split_by_held_out_source_and_average_the_sources_alike():
+    """With the held-out source of each result named, every figure carries each source's own MAPE and their
+    mean, which weighs a source with few pairs like one with many (the pooled MAPE weighs the pairs); a source
+    without pairs in a figure is left out of it, and the by-source table prints one row a source and the mean."""
+    from costmodel.crossval import pool_one_run
+    from planner.report import one_run_source_table
+
+    def result(apes: list[float]) -> dict:
+        fig = {"ape": apes, "ape_before": apes, "groups": []}
+        return {key: dict(fig) for key in ("same_model", "same_model_one_file", "same_release", "other_models",
+                                            "other_models_same_release")} | {
+            "same_config": {"ape": [], "ape_before": [], "floor": {"ape": []}}}
+
+    pooled = pool_one_run([result([2.0, 4.0]), result([10.0] * 8), result([])], sources=["A", "B", "C"])
+    sm = pooled["same_model"]
+    assert sm["mape"] == pytest.approx(8.6) and sm["count"] == 10          # 86 / 10 pairs
+    assert sm["per_source"] == {"A": {"count": 2, "mape": 3.0, "median_ape": 3.0},
+                                "B": {"count": 8, "mape": 10.0, "median_ape": 10.0}}
+    assert sm["source_mean_mape"] == pytest.approx(6.5)                    # (3 + 10) / 2, C has no pairs
+    assert pooled["same_config"]["per_source"] == {} and pooled["same_config"]["source_mean_mape"] is None
+    assert "per_source" not in pool_one_run([result([1.0])])["same_model"]  # sources not named: no split
+    with pytest.raises(ValueError):
+        pool_one_run([result([1.0])], sources=["A", "B"])
+    table = one_run_source_table(pooled)
+    cells = {c.header: list(c.cells) for c in table.columns}
+    assert cells["source"] == ["A", "B", "mean of sources"]
+    assert cells["same model"] == ["3.0 (2)", "10.0 (8)", "6.5"]
+    assert cells["repeats"] == ["-", "-", "-"]
+    assert one_run_source_table(pool_one_run([result([1.0])])) is None
+
+
 H200 = ROOT / "examples" / "gpu_check_h200"
 
 

@@ -137,7 +137,7 @@ def _search_parser() -> _Parser:
     ap.add_argument("--optimizer-offload", type=_share, default=0.0, metavar="F",
                     help="search only layouts that keep this share of the optimizer state in host memory, stepped by "
                          "the CPU (megatron-core --optimizer-cpu-offload --optimizer-offload-fraction F; sharded "
-                         "layouts, searched exhaustively); default 0")
+                         "layouts, exhaustively or with Optuna); default 0")
     _routing_args(ap, placement_default="best")
     _profile_arg(ap)
     return ap
@@ -169,23 +169,15 @@ def cmd_search(argv: list[str]) -> int:
     if (routing is not None or cluster.device_groups) and wants_optuna:
         raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
                          "--storage, --trials and --objectives")
-    if req.optimizer_offload:
-        if routing is not None or cluster.device_groups:
-            raise InputError("--optimizer-offload is searched on a homogeneous cluster without --routing; drop "
-                             "--routing, or check one layout with plan check --optimizer-offload")
-        if wants_optuna:
-            raise InputError("--optimizer-offload is searched exhaustively; drop --sampler, --storage, --trials and "
-                             "--objectives")
-        from planner.search import exhaustive
-
-        args.exhaustive = True
-        res = exhaustive(model, cluster, gbs, rank_by=args.rank_by, optimizer_offload=req.optimizer_offload)
-        return _print_search(args, model, cluster, gbs, res)
+    if req.optimizer_offload and (routing is not None or cluster.device_groups):
+        raise InputError("--optimizer-offload is searched on a homogeneous cluster without --routing; drop "
+                         "--routing, or check one layout with plan check --optimizer-offload")
     if cluster.device_groups:
         return _search_hetero(args, model, cluster, gbs, routing)
     if routing is not None:
         return _search_routed(args, model, cluster, gbs, routing)
-    strategy = choose_strategy(model, cluster, gbs, exhaustive_only=args.exhaustive, sample=wants_optuna)
+    strategy = choose_strategy(model, cluster, gbs, exhaustive_only=args.exhaustive, sample=wants_optuna,
+                               space_kw=_space_kw(args))
     args.exhaustive = strategy.name == "exhaustive"
     if args.exhaustive:
         res = strategy.search(model, cluster, gbs, rank_by=args.rank_by)

@@ -256,13 +256,54 @@ def test_plan_searches_layouts_with_the_optimizer_in_host_memory_when_asked(tmp_
     main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--global-batch", "64",
           "--optimizer-offload", "1", "--top", "1"])
     assert "tp4 pp1 dp2 fsdp optim-cpu" in capsys.readouterr().out
-    # Offload only searched exhaustively, on a GPU whose host is known.
-    rc = main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--optimizer-offload", "1",
-               "--sampler", "tpe"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "--optimizer-offload is searched exhaustively" in err and err.count("\n") == 1
+    # Optuna searches the same narrowed space: every trial offloads, and TPE finds the exhaustive best.
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "h100x8.yaml"), "--global-batch", "64",
+               "--optimizer-offload", "1", "--sampler", "tpe", "--trials", "40", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and got["search"] == "optuna tpe"
+    assert {p["plan"]["optimizer_offload"] for p in got["plans"]} == {1.0}
+    assert got["plans"][0]["step_time_s"] == pytest.approx(best["step_time_s"])
+    # Offload only on a GPU whose host is known.
     cl["gpu"] = "H100-PCIe"
     (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
     rc = main(["--model", "70b", "--cluster", str(tmp_path / "pcie.yaml"), "--optimizer-offload", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "GPU profile H100-PCIe has no host_memory_bandwidth_bytes_per_s" in err
+
+
+def test_a_stored_study_remembers_that_it_searched_offloaded_layouts(tmp_path, capsys):
+    """The narrowed space is part of an Optuna study's signature and default name: the default names of the two
+    searches differ, and resuming a study by name with the other space is a one-line error naming the
+    difference, not a silent mix of offloaded and resident trials. A multi-objective search over GPU counts keeps
+    the narrowing at every count."""
+    import json
+
+    from planner.search._keys import search_space
+    from planner.search._study import default_study_name
+
+    model, cluster = get_model("8b"), load_cluster("h100x512").model_copy(update={"nodes": 4})
+    plain = search_space(model, cluster, 64, vary_nodes=True)
+    off = search_space(model, cluster, 64, vary_nodes=True, space_kw={"optimizer_offload": 0.5})
+    assert all(set(v.optimizer_offload) == {0.5} for v in off.valid.values()) and len(off.nodes) > 1
+    assert "space" not in plain.signature("categorical", ("time",))
+    assert off.signature("categorical", ("time",))["space"] == {"optimizer_offload": 0.5}
+    assert default_study_name(off, ("time",), "categorical").endswith("-time-optim-cpu0.5")
+    assert not default_study_name(plain, ("time",), "categorical").endswith("cpu0.5")
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    common = ["--model", "8b", "--cluster", "h100x512", "--global-batch", "64", "--storage", db,
+              "--study-name", "s", "--trials", "20", "--json"]
+    assert main(common) == 0
+    capsys.readouterr()
+    rc = main([*common, "--optimizer-offload", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "was made for another search" in err and "space None (now" in err and err.count("\n") == 1
+    rc = main(["--model", "8b", "--cluster", "h100x512", "--global-batch", "64", "--optimizer-offload", "0.5",
+               "--objectives", "time,gpus", "--trials", "30", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {p["plan"]["optimizer_offload"] for p in got["plans"]} == {0.5}
+    # Worker processes open the shared study with the same narrowed space (else its signature would refuse them).
+    rc = main([*common[:7], f"sqlite:///{tmp_path / 'shared.db'}", "--study-name", "w", "--workers", "2",
+               "--trials", "30", "--json", "--optimizer-offload", "0.5"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and got["trials"] == {"this_run": 30, "in_study": 30}
+    assert {p["plan"]["optimizer_offload"] for p in got["plans"]} == {0.5}

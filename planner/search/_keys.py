@@ -51,6 +51,7 @@ class SearchSpace:
     choices: dict[str, list]                      # knob -> sorted values (recompute as names)
     valid: dict[int, PlanArrays]                  # nodes -> valid plans
     index: dict[int, dict[tuple[int, ...], int]]  # nodes -> knob key -> row in valid[nodes]
+    space_kw: dict | None = None                  # planner.space.candidate_columns keywords that narrowed it
 
     @property
     def n_valid(self) -> int:
@@ -60,16 +61,20 @@ class SearchSpace:
         return self.cluster if nodes == self.cluster.nodes else self.cluster.model_copy(update={"nodes": nodes})
 
     def signature(self, encoding: str, objectives: tuple[str, ...]) -> dict:
-        return {"model": self.model.name, "layers": self.model.layers, "cluster": self.cluster.name,
-                "global_batch": self.global_batch, "objectives": list(objectives), "encoding": encoding,
-                "nodes": list(self.nodes), "choices": {k: list(v) for k, v in self.choices.items()}}
+        sig = {"model": self.model.name, "layers": self.model.layers, "cluster": self.cluster.name,
+               "global_batch": self.global_batch, "objectives": list(objectives), "encoding": encoding,
+               "nodes": list(self.nodes), "choices": {k: list(v) for k, v in self.choices.items()}}
+        if self.space_kw:   # studies of the full space keep the signature they were made with
+            sig["space"] = {k: self.space_kw[k] for k in sorted(self.space_kw)}
+        return sig
 
 
 def search_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, vary_nodes: bool = False,
-                 plans: PlanArrays | None = None) -> SearchSpace:
+                 plans: PlanArrays | None = None, space_kw: dict | None = None) -> SearchSpace:
     """Knob lists of ``planner.space``'s valid plans; with ``vary_nodes`` over powers of two up to the
     cluster's node count (and the full cluster). ``plans``: the valid plans of the cluster itself, when the
-    caller has built them already (``choose_strategy``)."""
+    caller has built them already (``choose_strategy``), with the same ``space_kw``
+    (``planner.space.candidate_columns`` keywords that narrow the space, e.g. optimizer_offload=1)."""
     if vary_nodes:
         nodes = sorted({n for n in (2 ** k for k in range(64)) if n <= cluster.nodes} | {cluster.nodes})
     else:
@@ -78,7 +83,8 @@ def search_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, vary
     values: dict[str, set] = {k: set() for k in OPTUNA_KNOBS}
     for n in nodes:
         cl = cluster if n == cluster.nodes else cluster.model_copy(update={"nodes": n})
-        v = plans if plans is not None and n == cluster.nodes else valid_plans(model, cl, global_batch)
+        v = plans if plans is not None and n == cluster.nodes else valid_plans(model, cl, global_batch,
+                                                                               **(space_kw or {}))
         if len(v) == 0:
             continue
         valid[n] = v
@@ -87,7 +93,8 @@ def search_space(model: ModelSpec, cluster: ClusterSpec, global_batch: int, vary
             values[k].update(int(x) for x in np.unique(getattr(v, k)))
     choices = {k: sorted(values[k]) for k in OPTUNA_KNOBS}
     choices["recompute"] = [RECOMPUTE_NAMES[c] for c in choices["recompute"]]
-    return SearchSpace(model, cluster, global_batch, tuple(n for n in nodes if n in valid), choices, valid, index)
+    return SearchSpace(model, cluster, global_batch, tuple(n for n in nodes if n in valid), choices, valid, index,
+                       dict(space_kw) if space_kw else None)
 
 
 class KnobCodec:

@@ -73,7 +73,8 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                   objectives: tuple[str, ...] | str = ("time",), storage: str | None = None,
                   study_name: str | None = None, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None, timeout_s: float | None = None,
-                  workers: int = 1, rank_by: str = "p50", plans: PlanArrays | None = None) -> OptunaResult:
+                  workers: int = 1, rank_by: str = "p50", plans: PlanArrays | None = None,
+                  space_kw: dict | None = None) -> OptunaResult:
     """Search the layouts of ``planner.space`` with Optuna instead of scoring them all.
 
     sampler: "tpe", "cmaes" (single objective) or "nsga2"; None picks tpe for one objective, nsga2 for
@@ -95,6 +96,9 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
     rank_by: "p50" ranks by the predicted step time, "p90" by its P90 (costmodel/trust.py): the "time"
       objective the samplers minimise and the order of the result.
     plans: the valid plans of ``cluster`` when the caller has built them (``choose_strategy``).
+    space_kw: ``planner.space.candidate_columns`` keywords that narrow the space (optimizer_offload=F: only
+      layouts with that share of the optimizer state in host memory); part of the study's signature and
+      default name, so a stored study of another space is not resumed by mistake.
 
     KeyboardInterrupt, SIGINT or SIGTERM ends the search early: the trial in flight finishes, finished trials
     are kept (in the storage too) and the result, best so far, has ``interrupted=True``.
@@ -110,7 +114,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
         with warnings.catch_warnings():
             quiet_optuna_warnings()
             opened = open_study(model, cluster, global_batch, objectives, sampler_name, storage, study_name, seed,
-                                n_trials, cost, rank_by=rank_by, plans=plans)
+                                n_trials, cost, rank_by=rank_by, plans=plans, space_kw=space_kw)
             name = sampler_name if isinstance(sampler_name, str) else type(sampler_name).__name__
             if opened.study is None:
                 empty = PlanArrays.from_columns(0, global_batch=global_batch)
@@ -129,7 +133,7 @@ def optuna_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
                             study, obj, need, base, timeout_s, progress, workers,
                             dict(model=model, cluster=cluster, global_batch=global_batch, cost=cost,
                                  sampler=sampler_name, objectives=objectives, storage=storage,
-                                 study_name=opened.study_name, seed=seed, rank_by=rank_by))
+                                 study_name=opened.study_name, seed=seed, rank_by=rank_by, space_kw=space_kw))
                     if not interrupted:
                         more, interrupted = drain(study, obj, timeout_s)
                         finished += more
@@ -181,7 +185,7 @@ def _run_shared(study, obj: Objective, need: int, base: int, timeout_s, progress
             study, search["model"], search["cluster"], search["global_batch"], search["cost"], search["sampler"],
             n_sampled - finished, search["objectives"], search["storage"], search["study_name"], search["seed"],
             shifted(progress, finished, need), timeout_s, workers, target=base + n_sampled,
-            rank_by=search["rank_by"])
+            rank_by=search["rank_by"], space_kw=search.get("space_kw"))
         finished, obj.evaluations = finished + more, obj.evaluations + ev
     if not interrupted and n_complete(study) < base + need:
         more, interrupted = polish(study, obj, need - finished, deadline, shifted(progress, finished, need),

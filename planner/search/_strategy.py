@@ -56,18 +56,21 @@ class Strategy:
 
 
 def choose_strategy(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, exhaustive_only: bool = False,
-                    sample: bool = False, limit: int = EXHAUSTIVE_LIMIT) -> Strategy:
+                    sample: bool = False, limit: int = EXHAUSTIVE_LIMIT, space_kw: dict | None = None) -> Strategy:
     """Exhaustive when asked for (``exhaustive_only``) or when not asked to sample and the space has at most
     ``limit`` valid layouts; else Optuna (``sample``: the request needs a study, e.g. a sampler, a storage, a
     trial count or several objectives). The valid plans are built once, only when they must be counted,
-    and handed to the strategy."""
+    and handed to the strategy. ``space_kw``: ``planner.space.candidate_columns`` keywords that narrow the
+    space (e.g. optimizer_offload=1), for either strategy."""
     plans = None
+    space_kw = dict(space_kw or {})
     if exhaustive_only or not sample:
-        plans = valid_plans(model, cluster, global_batch)
+        plans = valid_plans(model, cluster, global_batch, **space_kw)
         if exhaustive_only or len(plans) <= limit:
             return Strategy("exhaustive", partial(exhaustive, plans=plans), len(plans))
     from planner.search._optuna import optuna_search   # (imports Optuna: only when it is chosen)
 
+    search = partial(optuna_search, space_kw=space_kw or None)
     if plans is None:
-        return Strategy("optuna", optuna_search)
-    return Strategy("optuna", partial(optuna_search, plans=plans), len(plans))
+        return Strategy("optuna", search)
+    return Strategy("optuna", partial(search, plans=plans), len(plans))

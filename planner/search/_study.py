@@ -45,14 +45,19 @@ def quiet_optuna_warnings() -> None:
 
 def default_study_name(space: SearchSpace, objectives, encoding: str) -> str:
     enc = "" if encoding == "categorical" else f"-{encoding}"
+    off = (space.space_kw or {}).get("optimizer_offload")
     return (f"plan-{space.model.name}-{space.cluster.name}-gb{space.global_batch}-"
-            f"{'+'.join(objectives)}{enc}")
+            f"{'+'.join(objectives)}{enc}{f'-optim-cpu{off:g}' if off else ''}")
 
 
 def open_study(model, cluster, global_batch, objectives, sampler, storage, study_name, seed, n_trials, cost,
-               enqueue: bool = True, rank_by: str = "p50", plans: PlanArrays | None = None) -> OpenStudy:
-    """Create or resume the study of a search (``plans``: the cluster's valid plans, when already built)."""
-    space = search_space(model, cluster, global_batch, vary_nodes="gpus" in objectives, plans=plans)
+               enqueue: bool = True, rank_by: str = "p50", plans: PlanArrays | None = None,
+               space_kw: dict | None = None) -> OpenStudy:
+    """Create or resume the study of a search (``plans``: the cluster's valid plans, when already built;
+    ``space_kw``: ``planner.space.candidate_columns`` keywords that narrow the space, part of the study's
+    signature)."""
+    space = search_space(model, cluster, global_batch, vary_nodes="gpus" in objectives, plans=plans,
+                         space_kw=space_kw)
     if space.n_valid == 0:
         return OpenStudy(space)
     encoding = "index" if (sampler == "cmaes" or isinstance(sampler, optuna.samplers.CmaEsSampler)) else "categorical"

@@ -50,7 +50,8 @@ def worker(args: dict, out) -> None:
     try:
         opened = open_study(args["model"], args["cluster"], args["global_batch"], args["objectives"],
                             args["sampler"], args["storage"], args["study_name"], args["seed"], args["n_trials"],
-                            args["cost"], enqueue=False, rank_by=args.get("rank_by", "p50"))
+                            args["cost"], enqueue=False, rank_by=args.get("rank_by", "p50"),
+                            space_kw=args.get("space_kw"))
         finished, interrupted = optimize(opened.study, opened.obj, args["n_trials"], args["timeout_s"], None,
                                          target=args["target"])
         opened.obj.lock.close()
@@ -62,7 +63,8 @@ def worker(args: dict, out) -> None:
 
 
 def run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, objectives, storage, study_name,
-                seed, progress, timeout_s, workers, target=None, rank_by: str = "p50") -> tuple[int, bool, int]:
+                seed, progress, timeout_s, workers, target=None, rank_by: str = "p50",
+                space_kw: dict | None = None) -> tuple[int, bool, int]:
     """Run ``n_trials`` trials of ``study`` in ``workers`` processes (seeds seed, seed + 1, ...); returns
     (trials the study gained, interrupted, cost-model evaluations made by the workers)."""
     ctx = mp.get_context("spawn")
@@ -75,7 +77,7 @@ def run_workers(study, model, cluster, global_batch, cost, sampler, n_trials, ob
             continue
         args = dict(model=model, cluster=cluster, global_batch=global_batch, cost=cost, sampler=sampler,
                     n_trials=share, objectives=objectives, storage=storage, study_name=study_name,
-                    seed=seed + i, timeout_s=timeout_s, target=target, rank_by=rank_by)
+                    seed=seed + i, timeout_s=timeout_s, target=target, rank_by=rank_by, space_kw=space_kw)
         p = ctx.Process(target=worker, args=(args, out), daemon=False)
         p.start()
         procs.append(p)

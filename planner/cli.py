@@ -169,9 +169,9 @@ def cmd_search(argv: list[str]) -> int:
     if (routing is not None or cluster.device_groups) and wants_optuna:
         raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
                          "--storage, --trials and --objectives")
-    if req.optimizer_offload and (routing is not None or cluster.device_groups):
-        raise InputError("--optimizer-offload is searched on a homogeneous cluster without --routing; drop "
-                         "--routing, or check one layout with plan check --optimizer-offload")
+    if req.optimizer_offload and cluster.device_groups:
+        raise InputError(f"--optimizer-offload is searched on a homogeneous cluster; {cluster.name} has device_groups: "
+                         f"check one layout with plan check --optimizer-offload")
     if cluster.device_groups:
         return _search_hetero(args, model, cluster, gbs, routing)
     if routing is not None:
@@ -430,7 +430,7 @@ def _search_routed(args, model, cluster, gbs: int, routing) -> int:
     from planner.routing import routed_search, routing_lines
     from planner.terminal import console
 
-    rs = routed_search(model, cluster, gbs, routing)
+    rs = routed_search(model, cluster, gbs, routing, **_space_kw(args))
     res = rs.result
     if res.evaluated == 0:
         raise InputError(f"no layout of {model.name} on {cluster.num_gpus} GPUs with global batch {gbs} passes "

@@ -307,3 +307,32 @@ def test_a_stored_study_remembers_that_it_searched_offloaded_layouts(tmp_path, c
     got = json.loads(capsys.readouterr().out)
     assert rc == 0 and got["trials"] == {"this_run": 30, "in_study": 30}
     assert {p["plan"]["optimizer_offload"] for p in got["plans"]} == {0.5}
+
+
+def test_a_routed_search_narrows_to_offloaded_layouts_and_hetero_clusters_refuse(tmp_path, capsys):
+    """plan --routing --optimizer-offload F: the expert space (ep, etp, placement) of the offloaded layouts only,
+    each paying its CPU step; a cluster of device groups, whose mixed layouts the offload is not priced for, is a
+    one-line error."""
+    import json
+
+    import numpy as np
+
+    from planner.routing import load_routing, routed_search
+
+    qwen, h100 = get_model("qwen3-30b-a3b"), load_cluster("h100x512")
+    frac = np.full(qwen.num_experts, 0.6 / (qwen.num_experts - 4))
+    frac[:4] = 0.1
+    hist = tmp_path / "summary.json"
+    hist.write_text(json.dumps({"moe_routing_histogram": [(frac * 1e6).astype(int).tolist()] * qwen.moe_layers}))
+    routing = load_routing(str(hist), qwen)
+    rs = routed_search(qwen, h100, 1024, routing, optimizer_offload=1.0)
+    res = rs.result
+    assert set(res.plans.optimizer_offload) == {1.0} and res.plans.zero_stage.min() >= 1
+    assert (res.scores["optimizer_s"] > 0).all()
+    rc = main(["--model", "qwen3-30b-a3b", "--cluster", "h100x512", "--global-batch", "1024", "--routing",
+               str(hist), "--optimizer-offload", "1", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {p["plan"]["optimizer_offload"] for p in got["plans"]} == {1.0}
+    rc = main(["--model", "70b", "--cluster", "a100-v100-mixed", "--optimizer-offload", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has device_groups" in err and err.count("\n") == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -251,12 +251,32 @@ def node_replicas(dp_cp: int, tp: int, gpus_per_node: int) -> int:
     return dp_cp // min(dp_cp, max(1, gpus_per_node // max(tp, 1)))
 
 
+ZERO_TAGS = {2: "zero2", 3: "fsdp"}
+"""The short tag of a ZeRO stage in a layout label (none for the distributed optimizer, ZeRO-1)."""
+
+
+def layout_label(p: Mapping) -> str:
+    """'tp2 pp1 dp256 fsdp' for a plan's fields (``ParallelPlan.model_dump()`` or a plan row): the degrees above 1
+    (tp, pp, dp always), the sharding when it is ZeRO-2 or FSDP, and 'optim-cpu' (or 'optim-cpu50%') where the
+    optimizer state is (partly) in host memory."""
+    parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
+    if p["vpp"] > 1:
+        parts.append(f"vpp{p['vpp']}")
+    parts.append(f"dp{p['dp']}")
+    for k in ("cp", "ep", "etp"):
+        if p.get(k, 1) > 1:
+            parts.append(f"{k}{p[k]}")
+    if p.get("zero_stage", 1) in ZERO_TAGS:
+        parts.append(ZERO_TAGS[p["zero_stage"]])
+    off = float(p.get("optimizer_offload") or 0.0)
+    if off > 0:
+        parts.append("optim-cpu" if off >= 1 else f"optim-cpu{off:.0%}")
+    return " ".join(parts)
+
+
 def plan_label(plan: ParallelPlan) -> str:
-    """A plan in one short line: degrees, micro-batch, recompute."""
-    s = f"tp{plan.tp} pp{plan.pp}"
-    s += f" vpp{plan.vpp}" if plan.vpp > 1 else ""
-    s += f" dp{plan.dp}" + (f" ep{plan.ep}" if plan.ep > 1 else "")
-    return s + f" mb{plan.micro_batch} {plan.recompute}"
+    """A plan in one short line: its layout (``layout_label``), micro-batch, recompute."""
+    return f"{layout_label(plan.model_dump())} mb{plan.micro_batch} {plan.recompute}"
 
 
 

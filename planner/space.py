@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel, layout_label
 from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 
@@ -57,29 +57,8 @@ def ep_degrees(model: ModelSpec) -> list[int]:
     return [e for e in pow2_upto(model.num_experts) if model.num_experts % e == 0] if model.is_moe else [1]
 
 
-ZERO_TAGS = {2: "zero2", 3: "fsdp"}
-"""The short tag of a ZeRO stage in a layout label (none for the distributed optimizer, ZeRO-1)."""
-
-
-def layout(p: dict) -> str:
-    """'tp2 pp1 dp256 fsdp': the degrees above 1 (tp, pp, dp always), the sharding when it is FSDP, and
-    'optim-cpu' (or 'optim-cpu50%') where the optimizer state is (partly) in host memory."""
-    parts = [f"tp{p['tp']}", f"pp{p['pp']}"]
-    if p["vpp"] > 1:
-        parts.append(f"vpp{p['vpp']}")
-    parts.append(f"dp{p['dp']}")
-    if p["cp"] > 1:
-        parts.append(f"cp{p['cp']}")
-    if p["ep"] > 1:
-        parts.append(f"ep{p['ep']}")
-    if p.get("etp", 1) > 1:
-        parts.append(f"etp{p['etp']}")
-    if p.get("zero_stage", 1) in ZERO_TAGS:
-        parts.append(ZERO_TAGS[p["zero_stage"]])
-    off = float(p.get("optimizer_offload") or 0.0)
-    if off > 0:
-        parts.append("optim-cpu" if off >= 1 else f"optim-cpu{off:.0%}")
-    return " ".join(parts)
+layout = layout_label
+"""'tp2 pp1 dp256 fsdp' for a plan's fields (costmodel.plan.layout_label, which the executor shares)."""
 
 
 def offload_searched(cluster: ClusterSpec) -> bool:

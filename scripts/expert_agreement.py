@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from costmodel.validate import load_cases, predict_case  # noqa: E402
-from planner.space import ZERO_TAGS  # noqa: E402
+from costmodel.plan import ZERO_TAGS  # noqa: E402
 from planner.search import exhaustive  # noqa: E402
 
 

@@ -363,3 +363,19 @@ def test_zero2_reduces_gradients_in_every_backward():
     assert upper_gap(1) == pytest.approx(0.0, abs=1e-12)
     assert upper_gap(8) > 0.05
     assert upper_gap(16) == pytest.approx(upper_gap(8) * 15 / 7, rel=1e-6)
+
+
+def test_the_executor_and_calibration_reports_label_a_plan_as_the_planner_tables_do():
+    """costmodel.plan.plan_label (executor, autotune and calibration reports) is the planner's layout label plus
+    micro-batch and recompute: context and expert-tensor parallelism, the sharding and the optimizer offload
+    show, so a cp2 run on 8 GPUs no longer reads as dp4 alone."""
+    from costmodel.plan import layout_label, plan_label
+    from planner.space import layout
+
+    cp = ParallelPlan(tp=1, pp=1, dp=4, cp=2, global_batch=64)
+    assert plan_label(cp) == "tp1 pp1 dp4 cp2 mb1 selective"
+    moe = ParallelPlan(tp=2, pp=2, vpp=3, dp=8, ep=8, etp=2, zero_stage=3, optimizer_offload=0.5, global_batch=64,
+                       micro_batch=2, recompute="full")
+    assert plan_label(moe) == "tp2 pp2 vpp3 dp8 ep8 etp2 fsdp optim-cpu50% mb2 full"
+    assert layout(moe.model_dump()) == layout_label(moe.model_dump()) == "tp2 pp2 vpp3 dp8 ep8 etp2 fsdp optim-cpu50%"
+    assert layout_label({**cp.model_dump(), "zero_stage": 2}) == "tp1 pp1 dp4 cp2 zero2"

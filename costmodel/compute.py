@@ -97,8 +97,11 @@ def memory_bound_time_s(profile: HardwareProfile, bytes_moved) -> np.ndarray:
 
 
 # Share of the host DRAM's theoretical peak (HardwareProfile.host_memory_bandwidth_bytes_per_s) a CPU optimizer
-# step streams at. An assumption, not measured or fitted: STREAM-type kernels on two-socket servers reach
-# roughly 70-80% of the channels' peak, and the Adam step is such a kernel (each element read and written once).
+# step streams at. An assumption, not fitted: STREAM-type kernels on two-socket servers reach roughly 70-80% of
+# the channels' peak, and the Adam step is such a kernel (each element read and written once). The second half
+# is checked by scripts/cpu_adam_rate.py: on the 2-core AMD EPYC CI machine the fused step moved 1.03-1.07x the
+# bytes per second of a STREAM copy / triad in three of four runs (0.74 in one; a shared VM). A profile measured
+# by plan profile on GPUs carries the step's own rate instead (host_stream_fraction 1.0).
 HOST_STREAM_FRACTION = 0.75
 # Host bytes one Adam step moves per parameter (torch.optim.AdamW(fused=True) on the CPU, what megatron-core's
 # HybridDeviceOptimizer runs, and DeepSpeed's CPU-Adam alike): reads the fp32 weight, gradient and both moments
@@ -122,7 +125,8 @@ def cpu_optimizer_time_s(profile: HardwareProfile, params, host_share=1.0) -> np
     host_bw, link = profile.host_memory_bandwidth_bytes_per_s, profile.host_link_bandwidth_bytes_per_s
     if host_bw is None or link is None:
         return np.where(params > 0, np.inf, 0.0)
-    t_cpu = params * CPU_ADAM_BYTES_PER_PARAM / (host_bw.value * HOST_STREAM_FRACTION * np.asarray(host_share))
+    frac = profile.host_stream_fraction or HOST_STREAM_FRACTION
+    t_cpu = params * CPU_ADAM_BYTES_PER_PARAM / (host_bw.value * frac * np.asarray(host_share))
     t_d2h = params * OFFLOAD_GRAD_BYTES / link.value
     t_h2d = params * OFFLOAD_PARAM_BYTES / link.value
     return np.maximum(np.maximum(t_cpu, t_d2h), t_h2d)

@@ -214,8 +214,12 @@ class HardwareProfile(FrozenSpec):
     host_memory_bandwidth_bytes_per_s: Sourced | None = None
     """Host (CPU) DRAM bandwidth per GPU in the reference system (the CPUs' theoretical peak: channels x
     transfer rate x 8 bytes, over the GPUs sharing them): what a CPU optimizer step (optimizer_offload) streams
-    its state through, at costmodel.compute.HOST_STREAM_FRACTION of it. None: not known, and plans do not
-    offload the optimizer on this GPU."""
+    its state through, at costmodel.compute.HOST_STREAM_FRACTION of it (``host_stream_fraction`` where set).
+    None: not known, and plans do not offload the optimizer on this GPU."""
+    host_stream_fraction: float | None = Field(default=None, gt=0, le=1)
+    """Share of host_memory_bandwidth_bytes_per_s a CPU optimizer step streams at. None: the assumed
+    costmodel.compute.HOST_STREAM_FRACTION; 1.0 where the bandwidth is itself a measured optimizer step's rate
+    (``plan profile`` on GPUs)."""
     nvlink_domain_gpus: int = Field(default=8, ge=1)
     """GPUs per NVLink domain in the reference system."""
     nvls: bool = False

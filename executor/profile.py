@@ -57,10 +57,14 @@ class SweepConfig:
     max_iters: int = 200
     timeout_s: float = 900.0
     """Deadline for the whole measurement."""
+    host_rates: bool = False
+    """Also measure the host side of each GPU (GPUs only): pinned copies to and from it and a CPU Adam step."""
+    adam_params: int = 64 * 1024 * 1024
+    """fp32 parameters of the CPU Adam step timed (1.75 GiB of state and gradient: well past any CPU cache)."""
 
     @property
     def steps(self) -> int:
-        return (len(self.gemm_dtypes) * len(self.gemm_shapes) + 1
+        return (len(self.gemm_dtypes) * len(self.gemm_shapes) + 1 + int(self.host_rates)
                 + len(self.collectives) * len(self.group_sizes) * len(self.message_sizes))
 
 
@@ -117,7 +121,8 @@ def default_config(world_size: int | None = None, quick: bool = False, backend: 
         world_size=world_size, backend=backend, threads=threads, gemm_dtypes=dtypes, gemm_shapes=shapes,
         message_sizes=sizes, collectives=COLLECTIVES if collectives and world_size >= 2 else (),
         group_sizes=_group_sizes(world_size) if collectives else (), copy_bytes=copy,
-        target_s=0.05 if quick else 0.1, max_call_s=0.5 if quick else 1.0, timeout_s=timeout_s)
+        target_s=0.05 if quick else 0.1, max_call_s=0.5 if quick else 1.0, timeout_s=timeout_s, host_rates=cuda,
+        adam_params=(16 if quick else 64) * 1024 * 1024)
 
 
 def _device_count() -> int:
@@ -238,6 +243,55 @@ def _copy_bandwidth(ctx: _Ctx) -> None:
     ctx.report(f"memory copy: {2.0 * ctx.cfg.copy_bytes / t / 1e9:.1f} GB/s")
 
 
+def cpu_adam_step(params: int) -> Callable[[], None]:
+    """One CPU optimizer step over ``params`` fp32 parameters as megatron-core's HybridDeviceOptimizer steps the
+    offloaded share (torch.optim.AdamW with fused=True, on the host): it reads the weight, the gradient and both
+    moments and writes the weight and both moments, costmodel.compute.CPU_ADAM_BYTES_PER_PARAM bytes a
+    parameter. Returns the step to time."""
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(params))
+    weight.grad = torch.full((params,), 1e-3)
+    return torch.optim.AdamW([weight], lr=1e-4, fused=True).step
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        return os.cpu_count() or 1
+
+
+def _host_rates(ctx: _Ctx) -> None:
+    """The host side of each GPU, what offloading streams through, every rank at once (so a PCIe switch or the
+    DRAM channels the GPUs share are shared as in training): pinned copies of copy_bytes to and from the GPU,
+    and a CPU Adam step (cpu_adam_step) on this rank's share of the host's cores."""
+    import torch
+
+    from costmodel.compute import CPU_ADAM_BYTES_PER_PARAM
+
+    n = ctx.cfg.copy_bytes // 4
+    pinned = torch.empty(n, dtype=torch.float32).pin_memory()
+    dev = torch.empty(n, dtype=torch.float32, device=ctx.device)
+    t_h2d = _timed(ctx, lambda: dev.copy_(pinned, non_blocking=True))
+    t_d2h = _timed(ctx, lambda: pinned.copy_(dev, non_blocking=True))
+    del pinned, dev
+    threads = max(1, host_cores() // ctx.cfg.world_size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t_adam = _timed(ctx, cpu_adam_step(ctx.cfg.adam_params))
+    finally:
+        torch.set_num_threads(before)
+    rates = {"h2d_bytes_per_s": ctx.cfg.copy_bytes / t_h2d, "d2h_bytes_per_s": ctx.cfg.copy_bytes / t_d2h,
+             "adam_params": ctx.cfg.adam_params, "adam_threads": threads, "adam_step_s": t_adam,
+             "adam_bytes_per_s": ctx.cfg.adam_params * CPU_ADAM_BYTES_PER_PARAM / t_adam}
+    ctx.results["host_rates"] = rates
+    ctx.report(f"host link {rates['h2d_bytes_per_s'] / 1e9:.1f} / {rates['d2h_bytes_per_s'] / 1e9:.1f} GB/s "
+               f"(to / from the GPU); CPU Adam {rates['adam_bytes_per_s'] / 1e9:.1f} GB/s on {threads} cores")
+
+
 def _collective_fn(ctx: _Ctx, collective: str, group, members: list[int], nbytes: int):
     """The call for one rank and the bytes nccl-tests would report for it (fp32 elements)."""
     import torch
@@ -323,6 +377,8 @@ def _worker(rank: int, cfg: SweepConfig, init_file: str, out_q) -> None:
         start = time.perf_counter()
         _gemm_sweep(ctx)
         _copy_bandwidth(ctx)
+        if cfg.host_rates:
+            _host_rates(ctx)
         if cfg.collectives:
             _collective_sweep(ctx)
         if rank == 0:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 from scipy.optimize import least_squares
 
+from costmodel.compute import CPU_ADAM_BYTES_PER_PARAM
 from costmodel.files import write_paths_atomic
 from costmodel.profiles import HardwareProfile, InputError, load_profile
 from costmodel.specs import ClusterSpec
@@ -154,6 +155,16 @@ def _gap_model(res: dict, curves: list[dict], dh: float, fit_err: float, importe
             "message in the largest group; nvlink_bandwidth_bytes_per_s = the highest busbw measured.")
     else:
         parts.append("Collectives from nccl-tests logs (see sources); " + "; ".join(imported.notes or ["all used"]))
+    hr = res.get("host_rates")
+    if hr and cfg["backend"] != "gloo":
+        parts.append(
+            f"The host side, every GPU at once: pinned copies of {cfg['copy_bytes'] / 2**20:.0f} MiB to and from the "
+            f"GPU ({hr['h2d_bytes_per_s'] / 1e9:.1f} / {hr['d2h_bytes_per_s'] / 1e9:.1f} GB/s; "
+            f"host_link_bandwidth_bytes_per_s the slower), and a CPU Adam step over {hr['adam_params'] / 2**20:.0f}M "
+            f"fp32 parameters (torch.optim.AdamW fused, as megatron-core's HybridDeviceOptimizer steps the offloaded "
+            f"state) on {hr['adam_threads']} cores per GPU: {hr['adam_step_s'] * 1e3:.0f} ms, "
+            f"host_memory_bandwidth_bytes_per_s = its {CPU_ADAM_BYTES_PER_PARAM:g} bytes a parameter per second "
+            f"(host_stream_fraction 1.0).")
     skipped = res.get("gemm_skipped", [])
     if skipped:
         parts.append("GEMMs not measured: " + "; ".join(
@@ -191,6 +202,10 @@ def measured_profile(res: dict, name: str, command: str, imported: Imported | No
     if imported:
         sources.update(imported.sources)
     ws = cfg["world_size"]
+    host_side = _host_side(res) if not host and res.get("host_rates") else {}
+    if host_side:
+        sources[HOST_MEMORY] = (f"/proc/meminfo of {res['host']} on {res['date']}: MemTotal "
+                                f"{res['memory_total_bytes'] / 2**30:.2f} GiB split evenly over the {ws} GPU(s)")
     return _round_floats({
         "name": name,
         "kind": "host" if host else "gpu",
@@ -212,7 +227,21 @@ def measured_profile(res: dict, name: str, command: str, imported: Imported | No
         "gemm_points": [{"dtype": p["dtype"], "m": p["m"], "n": p["n"], "k": p["k"],
                          "flops_per_s": float(p["flops_per_s"]), "source": MEASURED} for p in res["gemm"]],
         "curves": curves,
+        **host_side,
     })
+
+
+def _host_side(res: dict) -> dict:
+    """The host fields of a GPU profile from plan profile's host measurement (executor.profile._host_rates): the
+    host link is the slower direction of the pinned copies; the host DRAM bandwidth is the CPU Adam step's own
+    rate on each GPU's share of the cores, so the cost model takes all of it (host_stream_fraction 1.0, where
+    a datasheet figure gets costmodel.compute.HOST_STREAM_FRACTION)."""
+    hr, ws = res["host_rates"], res["config"]["world_size"]
+    return {"host_link_bandwidth_bytes_per_s": {"value": float(min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"])),
+                                                "source": MEASURED},
+            "host_memory_bandwidth_bytes_per_s": {"value": float(hr["adam_bytes_per_s"]), "source": MEASURED},
+            "host_stream_fraction": 1.0,
+            "host_memory_bytes": {"value": float(res["memory_total_bytes"] // ws), "source": HOST_MEMORY}}
 
 
 def _round_floats(obj, digits: int = 4):

@@ -19,6 +19,9 @@ def summary(result: dict) -> dict:
            "collective_latency_by_op_s": prof.get("collective_latency_by_op_s", {}),
            "curves": [{k: c[k] for k in ("collective", "scope", "group_size", "points", "source")}
                       for c in prof.get("curves") or []]}
+    for key in ("host_link_bandwidth_bytes_per_s", "host_memory_bandwidth_bytes_per_s"):
+        if prof.get(key):
+            out[key] = prof[key]["value"]
     raw = result.get("raw")
     if raw:
         out.update(wall_s=raw["wall_s"], measure_s=raw["elapsed_s"], gemm=raw["gemm"], gemm_skipped=raw["gemm_skipped"],
@@ -73,5 +76,7 @@ def headline(s: dict) -> str:
     peaks = ", ".join(f"{d} {v / 1e12:.4g} TFLOP/s" for d, v in s["peak_flops"].items())
     files = s["profile_path"] + (f" and {s['cluster_path']}" if s.get("cluster_path") else "")
     took = f" in {s['wall_s']:.0f} s" if "wall_s" in s else ""
+    host = (f"; host link {s['host_link_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s, CPU Adam "
+            f"{s['host_memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s" if "host_memory_bandwidth_bytes_per_s" in s else "")
     return (f"wrote {files}{took}: peak {peaks}; memory {s['hbm_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s; "
-            f"{len(s['curves'])} busbw curve(s)")
+            f"{len(s['curves'])} busbw curve(s){host}")

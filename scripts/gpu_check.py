@@ -178,6 +178,10 @@ def measure_gpu(args, env: dict, out: Path, child_env: dict) -> dict:
         f"{summary['gemm_max_efficiency'].get('bf16', float('nan')):.2f}")
     say(f"measured HBM copy bandwidth: {summary['hbm_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s; collective curves "
         f"from {base}")
+    if "host_memory_bandwidth_bytes_per_s" in summary:
+        say(f"measured host side: link {summary['host_link_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s (slower direction), "
+            f"CPU Adam step {summary['host_memory_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s (what optimizer offload "
+            f"streams at)")
     return summary
 
 

@@ -303,6 +303,85 @@ def test_measured_gemms_with_imported_collectives():
     assert "node1" in prof.sources["PLAN_PROFILE"] and "8 GPU(s) (NVIDIA H100 80GB HBM3)" in prof.sources["PLAN_PROFILE"]
 
 
+def test_a_gpu_profile_measures_its_host_side_so_offloaded_plans_are_priced_from_it(tmp_path):
+    """plan profile on GPUs also times pinned copies to and from each GPU and a CPU Adam step on each GPU's share
+    of the cores (executor.profile._host_rates): the profile gets the host link (the slower direction), the host
+    DRAM rate as that step streams it (host_stream_fraction 1.0: measured, not a datasheet peak) and the host
+    memory per GPU, so plan --optimizer-offload and --recompute offload accept it, and a CPU step over N
+    parameters costs N x 28 bytes at the measured rate."""
+    from executor.profile import default_config
+    from planner.space import missing_host_fields
+
+    assert default_config(world_size=8, backend="nccl").host_rates and not default_config(backend="gloo").host_rates
+    raw = _raw()
+    raw["config"]["host_rates"] = True
+    raw["host_rates"] = {"h2d_bytes_per_s": 26e9, "d2h_bytes_per_s": 24e9, "adam_params": 64 * 2**20,
+                         "adam_threads": 14, "adam_step_s": 0.06, "adam_bytes_per_s": 50e9}
+    data = measured_profile(raw, "node", "plan profile --out node.yaml", nt.import_logs([H100_LOG], "d"))
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(data))
+    prof = load_profile(str(path))
+    assert prof.host_link_bandwidth_bytes_per_s.value == 24e9 and prof.host_stream_fraction == 1.0
+    assert prof.host_memory_bandwidth_bytes_per_s.value == 50e9 and prof.host_memory_bytes.value == 256 * GIB
+    assert "CPU Adam step over 64M fp32 parameters" in prof.gap_model and "node1" in prof.sources["HOST_MEMORY"]
+    assert missing_host_fields(str(path)) == []
+    # 1e9 parameters: 28 GB at 50 GB/s (0.56 s) outlasts their gradient's 4 GB over the 24 GB/s link.
+    assert compute.cpu_optimizer_time_s(prof, 1e9) == pytest.approx(0.56)
+    from executor.profile_report import headline, summary
+
+    said = summary({"profile": data, "profile_path": str(path)})
+    assert said["host_memory_bandwidth_bytes_per_s"] == 50e9 and "host link 24 GB/s, CPU Adam 50 GB/s" in headline(said)
+    # Without the measurement (a host sweep, or a GPU profile from an older plan profile) nothing changes.
+    assert "host_link_bandwidth_bytes_per_s" not in measured_profile(_raw(), "n", "c", nt.import_logs([H100_LOG], "d"))
+
+
+@needs_torch
+def test_the_cpu_adam_step_timed_is_the_fused_step_megatron_offloads_to():
+    """executor.profile.cpu_adam_step: a fused torch AdamW step on the host that moves the weight (it ran), at a
+    streaming rate this machine's cores reach (tens of GB/s on two cores here; not asserted beyond > 0.5)."""
+    import torch
+
+    from executor.profile import cpu_adam_step
+
+    step = cpu_adam_step(1 << 20)
+    weight = step.__self__.param_groups[0]["params"][0]
+    step()
+    assert weight.abs().max().item() > 0 and weight.dtype == torch.float32
+    started = time.perf_counter()
+    for _ in range(5):
+        step()
+    rate = 5 * (1 << 20) * compute.CPU_ADAM_BYTES_PER_PARAM / (time.perf_counter() - started)
+    assert rate > 0.5e9
+
+
+@needs_torch
+def test_the_host_measurement_runs_its_steps_and_reports_the_rates(tmp_path, monkeypatch):
+    """executor.profile._host_rates end to end in one gloo rank, the GPU stood in for by host memory (pinning needs
+    CUDA, so it is a no-op here): both copies and the Adam step are timed, the threads are restored, and the
+    figures are the ones measured_profile reads."""
+    import torch
+    import torch.distributed as dist
+
+    from executor.profile import _Ctx, _host_rates, default_config, host_cores
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    cfg = default_config(world_size=1, backend="gloo", collectives=False)
+    cfg = type(cfg)(**{**cfg.__dict__, "copy_bytes": 4 * 2**20, "adam_params": 1 << 20, "target_s": 0.01})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        said = []
+        ctx = _Ctx(0, cfg, torch.device("cpu"), dist.group.WORLD, lambda: None, said.append)
+        threads = torch.get_num_threads()
+        _host_rates(ctx)
+    finally:
+        dist.destroy_process_group()
+    hr = ctx.results["host_rates"]
+    assert torch.get_num_threads() == threads and hr["adam_threads"] == host_cores()
+    assert min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"], hr["adam_bytes_per_s"]) > 0
+    assert hr["adam_bytes_per_s"] == pytest.approx((1 << 20) * compute.CPU_ADAM_BYTES_PER_PARAM / hr["adam_step_s"])
+    assert said and said[0].startswith("host link ") and "CPU Adam" in said[0]
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """`plan profile --quick` at world size 2, run as a user would (a fresh process)."""

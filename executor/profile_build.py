@@ -157,14 +157,16 @@ def _gap_model(res: dict, curves: list[dict], dh: float, fit_err: float, importe
         parts.append("Collectives from nccl-tests logs (see sources); " + "; ".join(imported.notes or ["all used"]))
     hr = res.get("host_rates")
     if hr and cfg["backend"] != "gloo":
+        adam = (f"a CPU Adam step over {hr['adam_params'] / 2**20:.0f}M fp32 parameters (torch.optim.AdamW fused, as "
+                f"megatron-core's HybridDeviceOptimizer steps the offloaded state) on {hr['adam_threads']} cores per "
+                f"GPU: {hr['adam_step_s'] * 1e3:.0f} ms, host_memory_bandwidth_bytes_per_s = its "
+                f"{CPU_ADAM_BYTES_PER_PARAM:g} bytes a parameter per second (host_stream_fraction 1.0)"
+                if "adam_bytes_per_s" in hr else f"no CPU Adam step ({hr.get('adam_skipped', 'not measured')}): "
+                "no host_memory_bandwidth_bytes_per_s, so plans do not offload the optimizer")
         parts.append(
             f"The host side, every GPU at once: pinned copies of {cfg['copy_bytes'] / 2**20:.0f} MiB to and from the "
             f"GPU ({hr['h2d_bytes_per_s'] / 1e9:.1f} / {hr['d2h_bytes_per_s'] / 1e9:.1f} GB/s; "
-            f"host_link_bandwidth_bytes_per_s the slower), and a CPU Adam step over {hr['adam_params'] / 2**20:.0f}M "
-            f"fp32 parameters (torch.optim.AdamW fused, as megatron-core's HybridDeviceOptimizer steps the offloaded "
-            f"state) on {hr['adam_threads']} cores per GPU: {hr['adam_step_s'] * 1e3:.0f} ms, "
-            f"host_memory_bandwidth_bytes_per_s = its {CPU_ADAM_BYTES_PER_PARAM:g} bytes a parameter per second "
-            f"(host_stream_fraction 1.0).")
+            f"host_link_bandwidth_bytes_per_s the slower), and {adam}.")
     skipped = res.get("gemm_skipped", [])
     if skipped:
         parts.append("GEMMs not measured: " + "; ".join(
@@ -237,11 +239,13 @@ def _host_side(res: dict) -> dict:
     rate on each GPU's share of the cores, so the cost model takes all of it (host_stream_fraction 1.0, where
     a datasheet figure gets costmodel.compute.HOST_STREAM_FRACTION)."""
     hr, ws = res["host_rates"], res["config"]["world_size"]
-    return {"host_link_bandwidth_bytes_per_s": {"value": float(min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"])),
-                                                "source": MEASURED},
-            "host_memory_bandwidth_bytes_per_s": {"value": float(hr["adam_bytes_per_s"]), "source": MEASURED},
-            "host_stream_fraction": 1.0,
-            "host_memory_bytes": {"value": float(res["memory_total_bytes"] // ws), "source": HOST_MEMORY}}
+    out = {"host_link_bandwidth_bytes_per_s": {"value": float(min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"])),
+                                               "source": MEASURED},
+           "host_memory_bytes": {"value": float(res["memory_total_bytes"] // ws), "source": HOST_MEMORY}}
+    if "adam_bytes_per_s" in hr:   # (not where torch has no fused CPU AdamW: the optimizer is then not offloaded)
+        out.update(host_memory_bandwidth_bytes_per_s={"value": float(hr["adam_bytes_per_s"]), "source": MEASURED},
+                   host_stream_fraction=1.0)
+    return out
 
 
 def _round_floats(obj, digits: int = 4):

@@ -331,6 +331,11 @@ def test_a_gpu_profile_measures_its_host_side_so_offloaded_plans_are_priced_from
 
     said = summary({"profile": data, "profile_path": str(path)})
     assert said["host_memory_bandwidth_bytes_per_s"] == 50e9 and "host link 24 GB/s, CPU Adam 50 GB/s" in headline(said)
+    # A torch without the fused CPU AdamW: the host link and memory stand, the optimizer is not offloaded.
+    raw["host_rates"] = {"h2d_bytes_per_s": 26e9, "d2h_bytes_per_s": 24e9, "adam_skipped": "RuntimeError: fused"}
+    old = measured_profile(raw, "node", "c", nt.import_logs([H100_LOG], "d"))
+    assert old["host_link_bandwidth_bytes_per_s"]["value"] == 24e9 and "host_memory_bandwidth_bytes_per_s" not in old
+    assert "no CPU Adam step (RuntimeError: fused)" in old["gap_model"]
     # Without the measurement (a host sweep, or a GPU profile from an older plan profile) nothing changes.
     assert "host_link_bandwidth_bytes_per_s" not in measured_profile(_raw(), "n", "c", nt.import_logs([H100_LOG], "d"))
 
@@ -373,9 +378,21 @@ def test_the_host_measurement_runs_its_steps_and_reports_the_rates(tmp_path, mon
         ctx = _Ctx(0, cfg, torch.device("cpu"), dist.group.WORLD, lambda: None, said.append)
         threads = torch.get_num_threads()
         _host_rates(ctx)
+        hr = ctx.results["host_rates"]
+        # A torch whose AdamW has no fused CPU step (before 2.4): the copies stand, the step is named as skipped.
+        import executor.profile as profile_mod
+
+        def no_fused(params):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported "
+                               "devices: ['cuda']")
+
+        monkeypatch.setattr(profile_mod, "cpu_adam_step", no_fused)
+        _host_rates(ctx)
+        skipped = ctx.results["host_rates"]
     finally:
         dist.destroy_process_group()
-    hr = ctx.results["host_rates"]
+    assert skipped["adam_skipped"].startswith("RuntimeError: `fused=True`") and "adam_bytes_per_s" not in skipped
+    assert skipped["h2d_bytes_per_s"] > 0 and torch.get_num_threads() == threads and "not measured" in said[-1]
     assert torch.get_num_threads() == threads and hr["adam_threads"] == host_cores()
     assert min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"], hr["adam_bytes_per_s"]) > 0
     assert hr["adam_bytes_per_s"] == pytest.approx((1 << 20) * compute.CPU_ADAM_BYTES_PER_PARAM / hr["adam_step_s"])

@@ -181,9 +181,18 @@ def preflight(model: ModelSpec, plan: ParallelPlan, *, source: str = "plan") -> 
         raise InputError(f"{source}: dist_opt_instances={plan.dist_opt_instances} (optimizer state sharded inside "
                          f"replicas) is not run by the executor; use dist_opt_instances 1")
     if plan.optimizer_offload:
-        # megatron-core's HybridDeviceOptimizer copies on CUDA streams of its own.
-        raise InputError(f"{source}: optimizer_offload={plan.optimizer_offload:g} (megatron-core "
-                         f"--optimizer-cpu-offload) is not run by the executor; use optimizer_offload 0")
+        # megatron-core's HybridDeviceOptimizer copies between the GPU and pinned host memory on CUDA streams, and
+        # runs with the precision-aware optimizer, whose configuration asks Transformer Engine for its version.
+        if available_processes()[1] != "GPUs":
+            raise InputError(f"{source}: optimizer_offload={plan.optimizer_offload:g} (megatron-core "
+                             f"--optimizer-cpu-offload) steps host memory beside GPUs, and this machine has none; "
+                             f"valid here: optimizer_offload 0")
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError:
+            raise InputError(f"{source}: optimizer_offload={plan.optimizer_offload:g} needs Transformer Engine "
+                             f"(megatron-core's precision-aware optimizer), which is not installed here; use "
+                             f"optimizer_offload 0") from None
     if plan.moe_a2a_overlap:
         # megatron-core's combined 1F1B schedule runs the all-to-all on a CUDA stream of its own.
         raise InputError(f"{source}: moe_a2a_overlap (megatron-core --overlap-moe-expert-parallel-comm) is not run by "

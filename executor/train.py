@@ -64,6 +64,8 @@ def _init_distributed(plan: ParallelPlan):
         torch.set_num_threads(max(1, int(os.environ.get("PLAN_EXECUTOR_THREADS", "1"))))
     else:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if plan.optimizer_offload:
+            torch.set_num_threads(cpu_step_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                          timeout=datetime.timedelta(seconds=int(os.environ.get(
                                              "PLAN_EXECUTOR_TIMEOUT_S", "300"))))
@@ -110,11 +112,34 @@ def _build(model: ModelSpec, plan: ParallelPlan, args, cuda: bool):
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c,
                                       disable_bucketing=i > 0) for i, c in enumerate(chunks)]
     config.finalize_model_grads_func = finalize_model_grads
-    opt_config = OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.0, bf16=args.dtype == "bf16",
-                                 fp16=args.dtype == "fp16", params_dtype=config.params_dtype,
-                                 use_distributed_optimizer=plan.distributed_optimizer, clip_grad=args.clip_grad)
+    opt_config = OptimizerConfig(**optimizer_config_kwargs(plan, args, config.params_dtype))
     optimizer = get_megatron_optimizer(opt_config, chunks)
     return config, chunks, optimizer, vocab
+
+
+def optimizer_config_kwargs(plan: ParallelPlan, args, params_dtype) -> dict:
+    """megatron-core OptimizerConfig of a plan: Adam without weight decay, the run's dtype, the distributed
+    optimizer where the plan shards its state, and, where it keeps a share of that state in host memory
+    (optimizer_offload F), the HybridDeviceOptimizer as planner/outputs.py writes it for Megatron-LM
+    (--optimizer-cpu-offload --optimizer-offload-fraction F --use-precision-aware-optimizer
+    --overlap-cpu-optimizer-d2h-h2d): that share steps on the CPU, its copies to and from the host overlapping
+    the step."""
+    kw = dict(optimizer="adam", lr=args.lr, weight_decay=0.0, bf16=args.dtype == "bf16", fp16=args.dtype == "fp16",
+              params_dtype=params_dtype, use_distributed_optimizer=plan.distributed_optimizer,
+              clip_grad=args.clip_grad)
+    if plan.optimizer_offload:
+        kw.update(optimizer_cpu_offload=True, optimizer_offload_fraction=float(plan.optimizer_offload),
+                  use_precision_aware_optimizer=True, overlap_cpu_optimizer_d2h_h2d=True)
+    return kw
+
+
+def cpu_step_threads(local_ranks: int) -> int:
+    """Torch threads for a rank whose optimizer steps on the CPU: its share of the cores this process may use
+    (torchrun and the launcher start a rank with one, and one core streams far less than the DRAM the cost model
+    prices the step at; the launch scripts set OMP_NUM_THREADS the same way)."""
+    from executor.profile import host_cores
+
+    return max(1, host_cores() // max(1, local_ranks))
 
 
 # Checkpoints --------------------------------------------------------------------------------------------

@@ -102,8 +102,42 @@ def test_the_rules_and_the_megatron_arguments():
     assert parse_megatron_args(["--optimizer-cpu-offload", "--use-distributed-optimizer"])["optimizer_offload"] == 1.0
     with pytest.raises(InputError, match="--optimizer-offload-fraction needs a number from 0 to 1"):
         parse_megatron_args(["--optimizer-cpu-offload", "--optimizer-offload-fraction", "2"])
-    with pytest.raises(InputError, match="optimizer_offload=0.5 .* not run by the executor"):
+    with pytest.raises(InputError, match="optimizer_offload=0.5 .* beside GPUs, and this machine has none"):
         preflight(model, plan)
+
+
+def test_the_executor_runs_the_offload_as_the_megatron_arguments_say(monkeypatch):
+    """executor.train gives megatron-core the OptimizerConfig planner/outputs.py writes as Megatron-LM flags
+    (--optimizer-cpu-offload --optimizer-offload-fraction F --use-precision-aware-optimizer
+    --overlap-cpu-optimizer-d2h-h2d), which megatron-core 0.16.1 accepts (its check of Transformer Engine's
+    version stood in for: TE is not installed here), and a rank stepping on the CPU gets its share of the
+    cores. Without GPUs or Transformer Engine preflight refuses, one line."""
+    import argparse
+
+    pytest.importorskip("megatron.core")
+    import torch
+    from megatron.core.optimizer import OptimizerConfig, optimizer_config
+
+    import executor.launch as launch
+    from executor.profile import host_cores
+    from executor.train import cpu_step_threads, optimizer_config_kwargs
+
+    args = argparse.Namespace(lr=1e-3, dtype="bf16", clip_grad=1.0)
+    plan = _70b_on_8(zero_stage=1, optimizer_offload=0.5)
+    kw = optimizer_config_kwargs(plan, args, torch.bfloat16)
+    assert (kw["optimizer_cpu_offload"], kw["optimizer_offload_fraction"]) == (True, 0.5)
+    assert kw["use_precision_aware_optimizer"] and kw["overlap_cpu_optimizer_d2h_h2d"] and kw["use_distributed_optimizer"]
+    plain = optimizer_config_kwargs(plan.model_copy(update={"optimizer_offload": 0.0}), args, torch.bfloat16)
+    assert not {"optimizer_cpu_offload", "use_precision_aware_optimizer"} & set(plain)
+    monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda version: True)
+    cfg = OptimizerConfig(**kw)
+    assert cfg.optimizer_cpu_offload and cfg.optimizer_offload_fraction == 0.5 and cfg.decoupled_weight_decay
+    assert cpu_step_threads(8) == max(1, host_cores() // 8) and cpu_step_threads(0) == host_cores()
+    model = get_model("70b")
+    monkeypatch.setattr(launch, "available_processes", lambda: (8, "GPUs"))
+    monkeypatch.setitem(__import__("sys").modules, "transformer_engine", None)   # not importable
+    with pytest.raises(InputError, match="optimizer_offload=0.5 needs Transformer Engine"):
+        launch.preflight(model, plan)
 
 
 def test_a_training_log_with_optimizer_offload_reads_as_such():

@@ -31,6 +31,7 @@ from costmodel.profiles import InputError, gpu_nvlink_domain, load_profile
 from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, offload_alternative, pareto_front, plan_at
+from planner.space import missing_host_fields
 
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
@@ -102,12 +103,15 @@ def _ints(values: list[str], dim: str) -> list[int]:
 # Scenarios: a model on a cluster with the knobs a sweep varies
 # ---------------------------------------------------------------------------------------------------------
 
-DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression", "finetune")
+DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression", "finetune",
+              "optimizer_offload")
 _ALIASES = {"num_gpus": "gpus", "size": "gpus", "gpu_type": "gpu", "hardware": "gpu", "nic": "bandwidth",
             "inter_node_bandwidth": "bandwidth", "network": "bandwidth", "seq": "seq_len", "seqlen": "seq_len",
             "sequence_length": "seq_len", "batch": "global_batch", "gbs": "global_batch",
-            "grad_compression": "compression", "dtype": "precision", "peft": "finetune", "training": "finetune"}
-NUMERIC = {"gpus", "bandwidth", "seq_len", "global_batch"}
+            "grad_compression": "compression", "dtype": "precision", "peft": "finetune", "training": "finetune",
+            "optimizer_cpu_offload": "optimizer_offload", "optimizer_offload_fraction": "optimizer_offload",
+            "optim_offload": "optimizer_offload"}
+NUMERIC = {"gpus", "bandwidth", "seq_len", "global_batch", "optimizer_offload"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Scenario:
     compression: GradCompression | None = None
     labels: tuple[tuple[str, object], ...] = ()     # (dimension, value) pairs this scenario was varied by
     source: str = ""                                 # the cluster file it came from
+    optimizer_offload: float = 0.0                   # share of the optimizer state in host memory (plan --optimizer-offload)
 
     def label(self, dim: str):
         return dict(self.labels).get(dim)
@@ -172,6 +177,8 @@ def parse_vary(spec: str) -> tuple[str, list]:
         values: list = _ints(raw, dim)
     elif dim == "bandwidth":
         values = [parse_bandwidth(v, "--vary bandwidth value") for v in raw]
+    elif dim == "optimizer_offload":
+        values = [_share(v) for v in raw]
     elif dim == "gpu":
         values = [load_profile(v).name for v in raw]
     elif dim == "compression":
@@ -190,6 +197,18 @@ def parse_vary(spec: str) -> tuple[str, list]:
     if len(set(values)) != len(values):
         raise InputError(f"--vary {dim}: values repeat ({', '.join(map(str, raw))})")
     return dim, values
+
+
+def _share(text: str) -> float:
+    """A --vary optimizer_offload value: the share of the optimizer state in host memory, 0 to 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not 0.0 <= x <= 1.0:
+        raise InputError(f"--vary optimizer_offload: {text!r} is not a share from 0 to 1 (0: none, 1: all of the "
+                         f"optimizer state in host memory)")
+    return x
 
 
 def vary(sc: Scenario, dim: str, value) -> Scenario:
@@ -214,6 +233,8 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
         return replace(sc, global_batch=int(value), labels=sc.labels + ((dim, value),))
     elif dim == "compression":
         return replace(sc, compression=get_compression(value), labels=sc.labels + ((dim, value),))
+    elif dim == "optimizer_offload":
+        return replace(sc, optimizer_offload=float(value), labels=sc.labels + ((dim, value),))
     return replace(sc, model=m, cluster=cl, labels=sc.labels + ((dim, value),))
 
 
@@ -326,7 +347,13 @@ def plan_point(sc: Scenario, a: Assumptions) -> CapacityPoint:
     """Search the layouts of the scenario (exhaustive, as ``plan``) and cost out its best plan."""
     cl, model = sc.cluster, sc.model
     gbs = sc.global_batch or default_global_batch(model.seq_len, cl.num_gpus)
-    res = exhaustive(model, cl, gbs, cost=_cost_fn(sc.compression))
+    if sc.optimizer_offload and (missing := missing_host_fields(cl.gpu)):
+        point = CapacityPoint(sc, gbs, 0)
+        point.reason = (f"optimizer offload needs the host of a {cl.gpu}, and its profile has no "
+                        f"{' or '.join(missing)}")
+        return point
+    space_kw = {"optimizer_offload": sc.optimizer_offload} if sc.optimizer_offload else {}
+    res = exhaustive(model, cl, gbs, cost=_cost_fn(sc.compression), **space_kw)
     point = CapacityPoint(sc, gbs, res.evaluated)
     if res.evaluated == 0:
         point.reason = (f"no layout of {model.layers} layers on {cl.num_gpus} GPUs with global batch {gbs} passes "

@@ -15,6 +15,8 @@ GB = 1e9
 def fmt_value(dim: str, v) -> str:
     if dim == "bandwidth":
         return f"{v * 8 / 1e9:.0f} Gb/s"
+    if dim == "optimizer_offload":
+        return "none" if not v else ("all" if v >= 1 else f"{v:.0%}")
     return str(v)
 
 
@@ -90,7 +92,8 @@ def _x_positions(points: list[CapacityPoint], x_dim: str):
 def _xlabel(x_dim: str) -> str:
     return {"gpus": "GPUs", "gpu": "GPU type", "bandwidth": "inter-node bandwidth per GPU (Gb/s)",
             "seq_len": "sequence length", "global_batch": "global batch (sequences)", "precision": "precision",
-            "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)"}.get(x_dim, x_dim)
+            "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)",
+            "optimizer_offload": "share of the optimizer state in host memory"}.get(x_dim, x_dim)
 
 
 def save_capacity_png(path, points: list[CapacityPoint], x_dim: str, series_dim: str | None, title: str,

@@ -375,3 +375,35 @@ def test_a_point_that_fits_nowhere_names_the_layout_that_fits_with_the_optimizer
     assert point.reason.startswith("no layout fits in memory: the closest needs")
     assert "with the optimizer state in host memory (optimizer_offload 1" in point.reason
     assert "tp4 pp1 dp2 fsdp optim-cpu, selective recompute, micro-batch 1 fits at 57.0 s per step" in point.reason
+
+
+def test_whatif_varies_the_share_of_the_optimizer_state_in_host_memory(capsys, tmp_path):
+    """plan whatif --vary optimizer_offload=0,0.5,1: each point re-plans over the layouts that offload that share.
+    70B on one 8-H100 node at global batch 64 fits only with all of it on the host (tp4 dp2 FSDP, 57.0 s, the
+    layout plan --optimizer-offload 1 finds); a GPU whose host is unknown gets a reason, not a price; a share
+    outside 0-1 is a one-line error."""
+    import yaml
+
+    cl = yaml.safe_load((Path(__file__).resolve().parent.parent / "hardware_profiles" / "clusters" /
+                         "h100x512.yaml").read_text())
+    cl["nodes"] = 1
+    (tmp_path / "h100x8.yaml").write_text(yaml.safe_dump(cl))
+    argv = ["whatif", "--model", "70b", "--tokens", "100B", "--cluster", tmp_path / "h100x8.yaml", "--global-batch",
+            "64", "--vary", "optimizer_offload=0,0.5,1", "--json"]
+    rc, out, _ = run_cli(capsys, argv)
+    points = json.loads(out)["points"]
+    assert rc == 0 and [p["varied"]["optimizer_offload"] for p in points] == [0.0, 0.5, 1.0]
+    assert [p["fits"] for p in points] == [False, False, True]
+    assert points[0]["reason"].startswith("no layout fits in memory: the closest needs 150 GB")
+    best = points[2]["plan"]
+    assert (best["tp"], best["dp"], best["zero_stage"], best["optimizer_offload"]) == (4, 2, 3, 1.0)
+    assert points[2]["step_time_s"] == pytest.approx(57.0, abs=0.05)
+    cl["gpu"] = "H100-PCIe"
+    (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
+    rc, out, _ = run_cli(capsys, [*argv[:6], tmp_path / "pcie.yaml", *argv[7:10], "optimizer_offload=1", "--json"])
+    point = json.loads(out)["points"][0]
+    assert rc in (0, 1) and not point["fits"]
+    assert point["reason"] == ("optimizer offload needs the host of a H100-PCIe, and its profile has no "
+                               "host_memory_bandwidth_bytes_per_s")
+    rc, _, err = run_cli(capsys, [*argv[:10], "optimizer_offload=1.5"])
+    assert_one_line_error(rc, err, "--vary optimizer_offload: '1.5' is not a share from 0 to 1")

@@ -60,7 +60,8 @@ class SweepConfig:
     host_rates: bool = False
     """Also measure the host side of each GPU (GPUs only): pinned copies to and from it and a CPU Adam step."""
     adam_params: int = 64 * 1024 * 1024
-    """fp32 parameters of the CPU Adam step timed (1.75 GiB of state and gradient: well past any CPU cache)."""
+    """fp32 parameters of the CPU Adam step timed (1 GiB of weight, gradient and moments, 1.75 GiB moved a step:
+    well past any CPU cache)."""
 
     @property
     def steps(self) -> int:

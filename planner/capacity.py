@@ -124,7 +124,7 @@ class Scenario:
     compression: GradCompression | None = None
     labels: tuple[tuple[str, object], ...] = ()     # (dimension, value) pairs this scenario was varied by
     source: str = ""                                 # the cluster file it came from
-    optimizer_offload: float = 0.0                   # share of the optimizer state in host memory (plan --optimizer-offload)
+    optimizer_offload: float = 0.0                   # share of the optimizer state on the host (--optimizer-offload)
 
     def label(self, dim: str):
         return dict(self.labels).get(dim)

@@ -23,7 +23,12 @@ Four steps, each a ``plan`` command or the cost model, everything written under 
    searched again on it -> ``plan_calibrated/plan.json``, and its pick run when no run above measured it;
    every run predicted before and after calibration -> the ``loop`` section of the table.
 
-``--dry-run`` runs the same four steps on the CPU with gloo: a quick profile, a 2-layer model, 3 steps.
+6. Optimizer offload (skip with ``--no-offload``; skipped on CPU and without Transformer Engine, which
+   megatron-core's precision-aware optimizer needs): the plan with all of its optimizer state in host memory
+   for ``--extra-steps`` steps, beside its prediction on the measured profile (whose host side step 1 measured:
+   the pinned copies and the CPU Adam step) -> the ``offload`` section of the table.
+
+``--dry-run`` runs the same steps on the CPU with gloo: a quick profile, a 2-layer model, 3 steps.
 Exit status 0: every figure is finite; 1: a step failed or a figure is not finite; 2: bad input (no GPU
 without --dry-run).
 """
@@ -69,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=360.0, help="seconds allowed for the training run (default 360)")
     ap.add_argument("--no-loop", action="store_true",
                     help="stop after the table (no second micro-batch run, calibration or re-plan)")
+    ap.add_argument("--no-offload", action="store_true", help="skip step 6 (the optimizer-offload run)")
     ap.add_argument("--extra-steps", type=int, default=None,
                     help="steps of each run of the loop (default 10; dry run 3)")
     args = ap.parse_args(argv)
@@ -315,6 +321,46 @@ def close_loop(args, out: Path, plan_path: Path, plan_data: dict, first: dict, c
             "replan": {"plan": pick.model_dump(mode="json"), "run": pick_run}, "runs": rows}
 
 
+def offload_run(args, out: Path, plan_data: dict, first: dict, env: dict, child_env: dict) -> dict | None:
+    """Step 6 (module docstring): the plan with its optimizer state in host memory, run and predicted."""
+    from costmodel.estimate import estimate
+    from costmodel.plan import ParallelPlan
+    from costmodel.profiles import load_cluster
+    from costmodel.specs import ModelSpec
+
+    if args.dry_run or not env.get("transformer_engine"):
+        say("optimizer offload skipped: megatron-core steps it beside GPUs, with Transformer Engine "
+            + ("(dry run on CPU)" if args.dry_run else "(not importable here)"))
+        return None
+    plan = {**plan_data["plan"], "optimizer_offload": 1.0, "zero_stage": max(1, plan_data["plan"]["zero_stage"]),
+            "distributed_optimizer": True}
+    path = out / "plan" / "plan_optimizer_offload.json"
+    path.write_text(json.dumps({**plan_data, "plan": plan}, indent=1))
+    run = train(args, path, out, child_env, name="run_optimizer_offload", steps=args.extra_steps)
+    model = ModelSpec.model_validate(plan_data["model"])
+    est = estimate(model, load_cluster(out / "profile" / "cluster.yaml"), ParallelPlan.model_validate(plan))
+    row = {"measured_s": run["step_time_s"], "predicted_s": est.step_time_s,
+           "predicted_cpu_step_s": est.breakdown_s.get("optimizer", math.nan),
+           "measured_without_offload_s": first["step_time_s"],
+           "measured_peak_memory_gib": run["peak_memory_bytes"] / 2**30,
+           "predicted_peak_memory_gib": max(est.peak_memory_bytes) / 2**30}
+    say(f"optimizer offload: measured {row['measured_s']:.4g} s/step ({row['measured_without_offload_s']:.4g} s "
+        f"without), predicted {row['predicted_s']:.4g} s ({row['predicted_cpu_step_s']:.3g} s of it the CPU step); "
+        f"peak memory {row['measured_peak_memory_gib']:.2f} GiB measured, {row['predicted_peak_memory_gib']:.2f} "
+        f"predicted")
+    return row
+
+
+def offload_lines(row: dict) -> list[str]:
+    """The optimizer-offload section of predicted_vs_measured.md."""
+    return ["", "## Optimizer state in host memory (optimizer_offload 1)", "",
+            "| quantity | predicted | measured |", "|---|---:|---:|",
+            f"| step time (s) | {row['predicted_s']:.4g} | {row['measured_s']:.4g} |",
+            f"| of it the CPU optimizer step (s) | {row['predicted_cpu_step_s']:.3g} | - |",
+            f"| step time without offload (s) | - | {row['measured_without_offload_s']:.4g} |",
+            f"| peak memory (GiB) | {row['predicted_peak_memory_gib']:.3g} | {row['measured_peak_memory_gib']:.3g} |"]
+
+
 def loop_lines(loop: dict) -> list[str]:
     """The loop's section of predicted_vs_measured.md."""
     cal = loop["calibration"]
@@ -353,6 +399,13 @@ def main(argv: list[str] | None = None) -> int:
             (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
             with open(out / "predicted_vs_measured.md", "a") as f:
                 f.write("\n".join(loop_lines(loop)) + "\n")
+    if not args.no_offload:
+        row = offload_run(args, out, plan_data, run, env, child_env)
+        if row is not None:
+            result["offload"] = row
+            (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+            with open(out / "predicted_vs_measured.md", "a") as f:
+                f.write("\n".join(offload_lines(row)) + "\n")
     say(f"finished in {time.perf_counter() - t0:.0f} s; profile, metrics and table under {out}")
     if not result["finite"]:
         fail("a figure of the table is not finite (see predicted_vs_measured.json)")

@@ -40,6 +40,9 @@ def test_gpu_check_dry_run_writes_profile_metrics_and_table(tmp_path):
                 "run/metrics.jsonl", "run/summary.json", "predicted_vs_measured.json", "predicted_vs_measured.md"):
         assert (out / rel).is_file(), rel
     assert json.loads((out / "environment.json").read_text())["backend"] == "gloo"
+    # step 6, the optimizer-offload run, needs GPUs and Transformer Engine: the dry run says it skipped it
+    assert "optimizer offload skipped: megatron-core steps it beside GPUs, with Transformer Engine (dry run on CPU)" \
+        in res.stdout and "offload" not in json.loads((out / "predicted_vs_measured.json").read_text())
 
     # the profile was measured here: one rank, the base profile's collective curves
     prof = load_profile(str(out / "profile" / "gpu.yaml"))

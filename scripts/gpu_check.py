@@ -336,7 +336,11 @@ def offload_run(args, out: Path, plan_data: dict, first: dict, env: dict, child_
             "distributed_optimizer": True}
     path = out / "plan" / "plan_optimizer_offload.json"
     path.write_text(json.dumps({**plan_data, "plan": plan}, indent=1))
-    run = train(args, path, out, child_env, name="run_optimizer_offload", steps=args.extra_steps)
+    try:
+        run = train(args, path, out, child_env, name="run_optimizer_offload", steps=args.extra_steps)
+    except SystemExit:   # the run's own error is above; the steps before it stand
+        say("optimizer offload run failed (its error above); the table keeps the other steps")
+        return {"failed": True}
     model = ModelSpec.model_validate(plan_data["model"])
     est = estimate(model, load_cluster(out / "profile" / "cluster.yaml"), ParallelPlan.model_validate(plan))
     row = {"measured_s": run["step_time_s"], "predicted_s": est.step_time_s,
@@ -401,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("\n".join(loop_lines(loop)) + "\n")
     if not args.no_offload:
         row = offload_run(args, out, plan_data, run, env, child_env)
-        if row is not None:
+        if row is not None and not row.get("failed"):
             result["offload"] = row
             (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
             with open(out / "predicted_vs_measured.md", "a") as f:

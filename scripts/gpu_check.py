@@ -405,11 +405,12 @@ def main(argv: list[str] | None = None) -> int:
                 f.write("\n".join(loop_lines(loop)) + "\n")
     if not args.no_offload:
         row = offload_run(args, out, plan_data, run, env, child_env)
-        if row is not None and not row.get("failed"):
+        if row is not None:
             result["offload"] = row
             (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
             with open(out / "predicted_vs_measured.md", "a") as f:
-                f.write("\n".join(offload_lines(row)) + "\n")
+                f.write("\n".join(["", "## Optimizer state in host memory: the run failed (see the log)"]
+                                   if row.get("failed") else offload_lines(row)) + "\n")
     say(f"finished in {time.perf_counter() - t0:.0f} s; profile, metrics and table under {out}")
     if not result["finite"]:
         fail("a figure of the table is not finite (see predicted_vs_measured.json)")

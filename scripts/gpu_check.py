@@ -365,6 +365,15 @@ def offload_lines(row: dict) -> list[str]:
             f"| peak memory (GiB) | {row['predicted_peak_memory_gib']:.3g} | {row['measured_peak_memory_gib']:.3g} |"]
 
 
+def add_section(out: Path, result: dict, key: str, data: dict, lines: list[str]) -> None:
+    """A step's figures added to the table: ``result[key]`` in predicted_vs_measured.json, ``lines`` appended to
+    predicted_vs_measured.md."""
+    result[key] = data
+    (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+    with open(out / "predicted_vs_measured.md", "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def loop_lines(loop: dict) -> list[str]:
     """The loop's section of predicted_vs_measured.md."""
     cal = loop["calibration"]
@@ -399,18 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_loop:
         loop = close_loop(args, out, plan_path, plan_data, run, child_env)
         if loop is not None:
-            result["loop"] = loop
-            (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
-            with open(out / "predicted_vs_measured.md", "a") as f:
-                f.write("\n".join(loop_lines(loop)) + "\n")
+            add_section(out, result, "loop", loop, loop_lines(loop))
     if not args.no_offload:
         row = offload_run(args, out, plan_data, run, env, child_env)
         if row is not None:
-            result["offload"] = row
-            (out / "predicted_vs_measured.json").write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
-            with open(out / "predicted_vs_measured.md", "a") as f:
-                f.write("\n".join(["", "## Optimizer state in host memory: the run failed (see the log)"]
-                                   if row.get("failed") else offload_lines(row)) + "\n")
+            add_section(out, result, "offload", row,
+                        ["", "## Optimizer state in host memory: the run failed (see the log)"]
+                        if row.get("failed") else offload_lines(row))
     say(f"finished in {time.perf_counter() - t0:.0f} s; profile, metrics and table under {out}")
     if not result["finite"]:
         fail("a figure of the table is not finite (see predicted_vs_measured.json)")

@@ -81,6 +81,8 @@ class HeteroPlan(FrozenSpec):
     etp: int = Field(default=1, ge=1)
     recompute: RecomputeMode = "selective"
     framework: Framework = "megatron-core"
+    optimizer_offload: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the optimizer state in host memory on every stage (ParallelPlan.optimizer_offload)."""
 
     @model_validator(mode="after")
     def _check(self) -> HeteroPlan:
@@ -130,7 +132,8 @@ class HeteroPlan(FrozenSpec):
         return ParallelPlan(tp=tp, pp=self.pp, vpp=self.vpp, dp=self.stage_dp[s], cp=self.cp, ep=self.ep,
                             etp=self.etp, sequence_parallel=tp > 1, micro_batch=self.stage_micro_batch[s],
                             global_batch=self.global_batch, recompute=self.recompute,
-                            layers_per_stage=self.layers_per_stage, framework=self.framework)
+                            layers_per_stage=self.layers_per_stage, framework=self.framework,
+                            optimizer_offload=self.optimizer_offload)
 
     def megatron_plan(self) -> ParallelPlan:
         """The one-job Megatron plan (raises ValueError when :attr:`launch_issue` says there is none)."""
@@ -145,7 +148,7 @@ class HeteroPlan(FrozenSpec):
         return cls(stage_groups=(group,) * plan.pp, stage_tp=(plan.tp,) * plan.pp, stage_dp=(plan.dp,) * plan.pp,
                    layers_per_stage=tuple(int(x) for x in split), micro_batch_sequences=plan.dp * plan.micro_batch,
                    global_batch=plan.global_batch, vpp=plan.vpp, cp=plan.cp, ep=plan.ep, etp=plan.etp,
-                   recompute=plan.recompute, framework=plan.framework)
+                   recompute=plan.recompute, framework=plan.framework, optimizer_offload=plan.optimizer_offload)
 
 
 def _per_group(plan: HeteroPlan, values: tuple[int, ...]) -> str:
@@ -199,14 +202,15 @@ def _group_rows(plans: list[HeteroPlan]) -> dict[str, _Rows]:
     for i, p in enumerate(plans):
         for s, g in enumerate(p.stage_groups):
             r = rows.setdefault(g, _Rows({k: [] for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch",
-                                                          "global_batch", "recompute")}, [], {}))
+                                                          "global_batch", "recompute", "optimizer_offload")}, [], {}))
             k = (i, p.stage_tp[s], p.stage_dp[s])
             if k in r.key:
                 continue
             r.key[k] = len(r.splits)
             for name, v in (("tp", p.stage_tp[s]), ("pp", p.pp), ("vpp", p.vpp), ("dp", p.stage_dp[s]),
                             ("cp", p.cp), ("ep", p.ep), ("etp", p.etp), ("micro_batch", p.stage_micro_batch[s]),
-                            ("global_batch", p.global_batch), ("recompute", RECOMPUTE_CODE[p.recompute])):
+                            ("global_batch", p.global_batch), ("recompute", RECOMPUTE_CODE[p.recompute]),
+                            ("optimizer_offload", p.optimizer_offload)):
                 r.cols[name].append(v)
             r.splits.append(p.layers_per_stage)
     return rows

@@ -169,9 +169,6 @@ def cmd_search(argv: list[str]) -> int:
     if (routing is not None or cluster.device_groups) and wants_optuna:
         raise InputError("--routing and clusters with device_groups are searched exhaustively; drop --sampler, "
                          "--storage, --trials and --objectives")
-    if req.optimizer_offload and cluster.device_groups:
-        raise InputError(f"--optimizer-offload is searched on a homogeneous cluster; {cluster.name} has device_groups: "
-                         f"check one layout with plan check --optimizer-offload")
     if cluster.device_groups:
         return _search_hetero(args, model, cluster, gbs, routing)
     if routing is not None:
@@ -468,7 +465,8 @@ def _search_hetero(args, model, cluster, gbs: int, routing) -> int:
     from planner.hetero import comparison, hetero_search, plan_dict, write_hetero_outputs
     from planner.terminal import progress_bar
 
-    kw = dict(top=args.top, scorer=routing.scorer() if routing else None, cost=routing.cost if routing else None)
+    kw = dict(top=args.top, scorer=routing.scorer() if routing else None, cost=routing.cost if routing else None,
+              optimizer_offload=getattr(args, "optimizer_offload", 0.0))
     with progress_bar("placing stages on device groups", quiet=args.json) as bar:
         res = hetero_search(model, cluster, gbs, progress=bar and bar.count, **kw)
     if not res.ranked:

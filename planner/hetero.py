@@ -39,7 +39,7 @@ from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.split import optimal_split, stage_coefficients
 from planner.search import default_cost, exhaustive
-from planner.space import MICRO_BATCHES, cp_degrees, ep_degrees
+from planner.space import MICRO_BATCHES, cp_degrees, ep_degrees, missing_host_fields
 
 TP_CHOICES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2)
@@ -91,12 +91,13 @@ def _fits_key(s: Scored) -> tuple:
 # Alone and uniform -----------------------------------------------------------------------------------
 
 
-def _alone(model, cluster, gcl, gbs, cost, scorer) -> tuple[dict[str, Scored | None], list[Scored]]:
+def _alone(model, cluster, gcl, gbs, cost, scorer, offload: float = 0.0) -> tuple[dict[str, Scored | None],
+                                                                                 list[Scored]]:
     best: dict[str, Scored | None] = {}
     kept: list[Scored] = []
     for g, gc in gcl.items():
         # A HeteroPlan has no ZeRO stage (it runs the distributed optimizer): search the layouts it can hold.
-        res = exhaustive(model, gc, gbs, cost, zero_stages=(1,))
+        res = exhaustive(model, gc, gbs, cost, zero_stages=(1,), **({"optimizer_offload": offload} if offload else {}))
         n = min(ALONE_KEEP, len(res.order)) if res.evaluated else 0
         plans = [HeteroPlan.from_plan(res.split_plan(r), g, model.layers) for r in range(n)]
         scored = [Scored(p, e, "alone") for p, e in zip(plans, estimate_hetero(model, cluster, plans, scorer=scorer))]
@@ -106,7 +107,7 @@ def _alone(model, cluster, gcl, gbs, cost, scorer) -> tuple[dict[str, Scored | N
     return best, kept
 
 
-def _uniform(model, cluster, gcl, gbs, scorer) -> list[Scored]:
+def _uniform(model, cluster, gcl, gbs, scorer, offload: float = 0.0) -> list[Scored]:
 
     names = list(gcl)
     sizes = [gcl[g].num_gpus for g in names]
@@ -129,7 +130,7 @@ def _uniform(model, cluster, gcl, gbs, scorer) -> list[Scored]:
                     continue
                 plans.append(HeteroPlan(stage_groups=groups, stage_tp=(tp,) * pp, stage_dp=(dp,) * pp,
                                         layers_per_stage=split, micro_batch_sequences=dp * mbs, global_batch=gbs,
-                                        cp=cp, ep=ep, recompute=rc))
+                                        cp=cp, ep=ep, recompute=rc, optimizer_offload=offload))
     plans = [p for p, ok in zip(plans, _valid([[_stage_row(p, s) for s in range(p.pp)] for p in plans], model))
              if ok]
     if not plans:
@@ -213,7 +214,8 @@ def _valid_layouts(model: ModelSpec, rows: list[tuple], gbs: int) -> list[tuple]
     return [r for r, ok in zip(rows, _valid(stage_rows, model)) if ok]
 
 
-def _coefficients(model, gcl, profs, rows, gbs, scorer) -> tuple[dict[str, dict], dict[tuple, tuple[str, int]]]:
+def _coefficients(model, gcl, profs, rows, gbs, scorer,
+                  offload: float = 0.0) -> tuple[dict[str, dict], dict[tuple, tuple[str, int]]]:
     """Linear stage costs of every (group, tp, dp, micro-batch, pp, vpp, recompute, cp, ep) the layouts use."""
     keys: dict[str, dict[tuple, int]] = {g: {} for g in gcl}
     for order, combo, B, vpp, rc, cp, ep in rows:
@@ -227,7 +229,7 @@ def _coefficients(model, gcl, profs, rows, gbs, scorer) -> tuple[dict[str, dict]
         arr = np.asarray(list(ks), dtype=float)
         plans = PlanArrays.from_columns(len(arr), tp=arr[:, 0], dp=arr[:, 1], micro_batch=arr[:, 2], pp=arr[:, 3],
                                         vpp=arr[:, 4], recompute=arr[:, 5], cp=arr[:, 6], ep=arr[:, 7],
-                                        sp=arr[:, 0] > 1, global_batch=gbs)
+                                        sp=arr[:, 0] > 1, global_batch=gbs, optimizer_offload=offload)
         coef[g] = stage_coefficients(model, gcl[g], plans, profile=profs[g], scorer=scorer)
     return coef, keys
 
@@ -286,7 +288,7 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, dense_layers: int, m: 
     return np.where(feasible, bound, np.inf)
 
 
-def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int) -> HeteroPlan | None:
+def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int, offload: float = 0.0) -> HeteroPlan | None:
     order, combo, B, vpp, rc, cp, ep = row
     pp = sum(k for _, _, k in combo)
     sl = slice(0, pp)
@@ -302,7 +304,7 @@ def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int) -> HeteroP
     dps = tuple(dp for _, dp, k in combo for _ in range(k))
     return HeteroPlan(stage_groups=groups, stage_tp=tps, stage_dp=dps, layers_per_stage=split.layers_per_stage,
                       micro_batch_sequences=B, global_batch=gbs, vpp=vpp, cp=cp, ep=ep,
-                      recompute=RECOMPUTE_NAMES[rc])
+                      recompute=RECOMPUTE_NAMES[rc], optimizer_offload=offload)
 
 
 # The search --------------------------------------------------------------------------------------------
@@ -310,25 +312,33 @@ def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int) -> HeteroP
 
 def hetero_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, top: int = 10,
                   scorer: Callable | None = None, cost: Callable | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> HeteroResult:
+                  progress: Callable[[int, int], None] | None = None, optimizer_offload: float = 0.0) -> HeteroResult:
     """The fastest plans that fit on a cluster with device groups (see the module docstring).
 
     ``scorer`` replaces ``estimate_arrays`` in every estimate (e.g. planner.routing.Routing.scorer()), ``cost``
     the homogeneous search's cost function (Routing.cost); ``progress(done, total)`` follows the mixed layouts.
+    ``optimizer_offload`` F: every plan keeps that share of its optimizer state in host memory (each group's GPU
+    profile must know its host: planner.space.missing_host_fields).
     """
     if not cluster.device_groups:
         raise InputError(f"{cluster.name}: not a heterogeneous cluster (no device_groups)")
     gcl = group_clusters(cluster)
     profs = {g: load_profile(c.gpu) for g, c in gcl.items()}
-    alone, kept = _alone(model, cluster, gcl, global_batch, cost or default_cost, scorer)
-    uniform = sorted(_uniform(model, cluster, gcl, global_batch, scorer), key=_fits_key)
+    if optimizer_offload:
+        for g, c in gcl.items():
+            if missing := missing_host_fields(c.gpu):
+                raise InputError(f"{cluster.name}: optimizer offload needs the host of group {g!r} ({c.gpu}), and its "
+                                 f"profile has no {' or '.join(missing)}; valid: optimizer offload 0")
+    off = float(optimizer_offload)
+    alone, kept = _alone(model, cluster, gcl, global_batch, cost or default_cost, scorer, off)
+    uniform = sorted(_uniform(model, cluster, gcl, global_batch, scorer, off), key=_fits_key)
     all_rows = _mixed_layouts(model, gcl, global_batch)
     rows = _valid_layouts(model, all_rows, global_batch)
     scored: list[Scored] = kept + uniform[:ALONE_KEEP]
     counts = {"layouts": len(all_rows), "valid": len(rows), "alone": len(kept), "uniform": len(uniform),
               "split": 0, "scored": 0}
     if rows:
-        coef, keys = _coefficients(model, gcl, profs, rows, global_batch, scorer)
+        coef, keys = _coefficients(model, gcl, profs, rows, global_batch, scorer, off)
         tab = _stage_table(rows, coef, keys)
         m = np.array([num_microbatches(global_batch, r[2], 1) for r in rows], dtype=float)
         vpp = np.array([r[3] for r in rows], dtype=float)
@@ -343,7 +353,7 @@ def hetero_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
             if len(fitting) >= top and lb[idx[0]] >= fitting[top - 1]:
                 break
             plans = [p for i in idx if (p := _split_plan(model, rows[i], {k: v[i] for k, v in tab.items()},
-                                                          global_batch)) is not None]
+                                                          global_batch, off)) is not None]
             counts["split"] += len(idx)
             if plans:
                 batch = [Scored(p, e, "mixed") for p, e in zip(plans, estimate_hetero(model, cluster, plans,
@@ -377,6 +387,8 @@ def describe(plan: HeteroPlan) -> str:
         parts.append(f"{key[0]} x{e - s + 1} (tp{key[1]} dp{key[2]})")
         s = e + 1
     extra = "".join(f" {k}{v}" for k, v in (("vpp", plan.vpp), ("cp", plan.cp), ("ep", plan.ep)) if v > 1)
+    off = plan.optimizer_offload
+    extra += (" optim-cpu" if off >= 1 else f" optim-cpu{off:.0%}") if off > 0 else ""
     return " -> ".join(parts) + extra
 
 

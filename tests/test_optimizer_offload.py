@@ -343,10 +343,9 @@ def test_a_stored_study_remembers_that_it_searched_offloaded_layouts(tmp_path, c
     assert {p["plan"]["optimizer_offload"] for p in got["plans"]} == {0.5}
 
 
-def test_a_routed_search_narrows_to_offloaded_layouts_and_hetero_clusters_refuse(tmp_path, capsys):
+def test_a_routed_search_narrows_to_offloaded_layouts(tmp_path, capsys):
     """plan --routing --optimizer-offload F: the expert space (ep, etp, placement) of the offloaded layouts only,
-    each paying its CPU step; a cluster of device groups, whose mixed layouts the offload is not priced for, is a
-    one-line error."""
+    each paying its CPU step."""
     import json
 
     import numpy as np
@@ -367,6 +366,44 @@ def test_a_routed_search_narrows_to_offloaded_layouts_and_hetero_clusters_refuse
                str(hist), "--optimizer-offload", "1", "--json"])
     got = json.loads(capsys.readouterr().out)
     assert rc == 0 and {p["plan"]["optimizer_offload"] for p in got["plans"]} == {1.0}
-    rc = main(["--model", "70b", "--cluster", "a100-v100-mixed", "--optimizer-offload", "1"])
+
+
+def test_a_heterogeneous_cluster_searches_offloaded_layouts_on_every_group(tmp_path, capsys):
+    """plan --optimizer-offload F on a cluster of device groups: every stage of every plan (alone, uniform and
+    mixed) keeps that share of its optimizer state in host memory, priced on its own group's host; 70B, which fits
+    on the V100 group alone only that way, does so. The launchable plan's Megatron arguments carry the flags; a
+    group whose host is unknown is a one-line error naming it."""
+    import json
+
+    import yaml
+
+    from costmodel.hetero import HeteroPlan, estimate_hetero
+    from planner.hetero import describe, hetero_search, write_hetero_outputs
+
+    model, mixed = get_model("70b"), load_cluster("a100-v100-mixed")
+    plain = hetero_search(model, mixed, 512, top=3)
+    off = hetero_search(model, mixed, 512, top=3, optimizer_offload=1.0)
+    assert plain.alone["v100"] is None and off.alone["v100"] is not None
+    assert {s.plan.optimizer_offload for s in off.ranked} == {1.0} and "optim-cpu" in describe(off.ranked[0].plan)
+    # One plan priced both ways: the state leaves the GPUs, the CPU step is added to the step.
+    p = off.ranked[0].plan
+    e_off, e_on = estimate_hetero(model, mixed, [p, p.model_copy(update={"optimizer_offload": 0.0})])
+    assert max(e_off.peak_memory_bytes) < max(e_on.peak_memory_bytes) and e_off.step_time_s > e_on.step_time_s
+    launch = off.best_launchable()
+    write_hetero_outputs(str(tmp_path / "out"), model, mixed, launch)
+    args = (tmp_path / "out" / "megatron_args.txt").read_text()
+    assert "--optimizer-cpu-offload" in args and "--optimizer-offload-fraction 1" in args
+    rc = main(["--model", "70b", "--cluster", "a100-v100-mixed", "--global-batch", "512", "--optimizer-offload", "1",
+               "--top", "2", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and got["search"] == "heterogeneous"
+    assert {q["plan"]["optimizer_offload"] for q in got["plans"]} == {1.0}
+    data = yaml.safe_load((ROOT / "hardware_profiles" / "clusters" / "a100-v100-mixed.yaml").read_text())
+    data["device_groups"][1]["gpu"] = "H100-PCIe"
+    (tmp_path / "pcie-mixed.yaml").write_text(yaml.safe_dump(data))
+    rc = main(["--model", "70b", "--cluster", str(tmp_path / "pcie-mixed.yaml"), "--optimizer-offload", "1"])
     err = capsys.readouterr().err
-    assert rc == 2 and "has device_groups" in err and err.count("\n") == 1
+    assert rc == 2 and err.count("\n") == 1 and "GPU profile H100-PCIe has no host_memory_bandwidth_bytes_per_s" in err
+    with pytest.raises(InputError, match="optimizer offload needs the host of group 'v100' \\(H100-PCIe\\)"):
+        hetero_search(model, load_cluster(str(tmp_path / "pcie-mixed.yaml")), 512, optimizer_offload=1.0)
+    assert isinstance(p, HeteroPlan)

@@ -268,10 +268,13 @@ def layout_label(p: Mapping) -> str:
             parts.append(f"{k}{p[k]}")
     if p.get("zero_stage", 1) in ZERO_TAGS:
         parts.append(ZERO_TAGS[p["zero_stage"]])
-    off = float(p.get("optimizer_offload") or 0.0)
-    if off > 0:
-        parts.append("optim-cpu" if off >= 1 else f"optim-cpu{off:.0%}")
-    return " ".join(parts)
+    off = offload_tag(float(p.get("optimizer_offload") or 0.0))
+    return " ".join(parts + ([off] if off else []))
+
+
+def offload_tag(share: float) -> str:
+    """'optim-cpu' (all of the optimizer state in host memory), 'optim-cpu50%' (a share of it), '' (none)."""
+    return "" if share <= 0 else ("optim-cpu" if share >= 1 else f"optim-cpu{share:.0%}")
 
 
 def plan_label(plan: ParallelPlan) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 
 from costmodel.estimate import STEP_OVERHEAD_S
 
-from costmodel.plan import RECOMPUTE_NAMES, PlanArrays, even_split, num_microbatches
+from costmodel.plan import RECOMPUTE_NAMES, PlanArrays, even_split, num_microbatches, offload_tag
 from costmodel.hetero import HeteroEstimate, HeteroPlan, estimate_hetero, group_clusters
 from costmodel.profiles import InputError, load_profile
 from costmodel.rules import divisors, valid_mask
@@ -387,8 +387,7 @@ def describe(plan: HeteroPlan) -> str:
         parts.append(f"{key[0]} x{e - s + 1} (tp{key[1]} dp{key[2]})")
         s = e + 1
     extra = "".join(f" {k}{v}" for k, v in (("vpp", plan.vpp), ("cp", plan.cp), ("ep", plan.ep)) if v > 1)
-    off = plan.optimizer_offload
-    extra += (" optim-cpu" if off >= 1 else f" optim-cpu{off:.0%}") if off > 0 else ""
+    extra += f" {offload_tag(plan.optimizer_offload)}" if plan.optimizer_offload > 0 else ""
     return " -> ".join(parts) + extra
 
 

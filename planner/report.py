@@ -192,15 +192,14 @@ CV_TITLES = {"source": "Leave-one-source-out (profiles refitted without the sour
 def cross_validation_tables(cv: dict) -> list[Table]:
     """One table per cross-validation scheme: each fold's error on what it left out, then all folds."""
     out = []
-    fmt = _pct
     for scheme, res in cv["schemes"].items():
         t = Table(title=CV_TITLES.get(scheme, scheme), header_style="bold")
         for col in ("left out", "rows", "MAPE %", "median %", "p90 %"):
             t.add_column(col, justify="left" if col == "left out" else "right")
         for f in res["folds"]:
-            t.add_row(f["left_out"], str(f["count"]), fmt(f["mape"]), fmt(f["median_ape"]), fmt(f["p90_ape"]))
+            t.add_row(f["left_out"], str(f["count"]), _pct(f["mape"]), _pct(f["median_ape"]), _pct(f["p90_ape"]))
         o = res["summary"]["overall"]
-        t.add_row("all folds", str(o["count"]), fmt(o["mape"]), fmt(o["median_ape"]), fmt(o["p90_ape"]),
+        t.add_row("all folds", str(o["count"]), _pct(o["mape"]), _pct(o["median_ape"]), _pct(o["p90_ape"]),
                   style="bold")
         out.append(t)
     return out

@@ -542,6 +542,9 @@ def cmd_validate(argv: list[str]) -> int:
     ap.add_argument("--cross-validate", action="store_true",
                     help="also refit the profiles without each source, each software release and each GPU type "
                          "in turn and predict what was left out")
+    ap.add_argument("--plot", metavar="PNG",
+                    help="write a parity figure: predicted against published step time with each run's P10-P90 "
+                         "(with --cross-validate, a second panel of the leave-one-source-out predictions)")
     _profile_arg(ap)
     args = ap.parse_args(argv)
     if args.csv is None and args.json not in (None, "-") and args.json.lower().endswith(".csv") \
@@ -558,6 +561,9 @@ def cmd_validate(argv: list[str]) -> int:
     from planner.terminal import console
 
     _check_file_target(None if to_stdout else args.json)
+    _check_file_target(args.plot)
+    if args.plot and args.json and not to_stdout and Path(args.json).resolve() == Path(args.plot).resolve():
+        raise InputError(f"--plot {args.plot}: the same file as --json; give two files")
     override = validate_profiles(args.profile_file)
     result = validate(args.csv, profiles=override)
     if override and not any(r["gpu_type"] in override for r in result["rows"]):
@@ -576,6 +582,9 @@ def cmd_validate(argv: list[str]) -> int:
               highlight=False)
     if args.cross_validate:
         result["cross_validation"] = _cross_validate(args.csv, con)
+    if args.plot:
+        _validation_plot(args, result)
+        con.print(f"plot written to {args.plot}")
     if args.json:
         rows = [{k: r.get(k) for k in ("row", "source_id", "gpu_type", "model_name", "num_gpus", "moe",
                                         "zero_stage", "pp", "cp", "ep", "precision", "release",
@@ -589,6 +598,8 @@ def cmd_validate(argv: list[str]) -> int:
             out["profile"] = {gpu: args.profile_file for gpu in override}
         if "cross_validation" in result:
             out["cross_validation"] = result["cross_validation"]
+        if args.plot:
+            out["plot"] = args.plot
         if to_stdout:
             print(json.dumps(out, indent=1))
         else:
@@ -596,6 +607,21 @@ def cmd_validate(argv: list[str]) -> int:
 
             write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
+
+
+def _validation_plot(args, result: dict) -> None:
+    """plan validate --plot: the parity figure of the rows as predicted and, after --cross-validate, of the
+    leave-one-source-out predictions."""
+    from costmodel.files import write_file_atomic
+    from planner.parity import save_parity_png
+
+    shipped = "with --profile " + Path(args.profile_file).name if args.profile_file else "shipped profiles"
+    panels = [(f"as predicted ({shipped})", result["rows"])]
+    cv = result.get("cross_validation")
+    if cv and "source" in cv["schemes"]:
+        panels.append(("leave-one-source-out (profiles refitted without the run's source)",
+                       cv["schemes"]["source"]["rows"]))
+    write_file_atomic(args.plot, lambda p: save_parity_png(p, panels, f"plan validate {Path(args.csv).name}"))
 
 
 def _no_fit_line(no_fit: list[dict], predicted: int) -> str:

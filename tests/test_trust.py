@@ -205,6 +205,40 @@ def test_validate_json_has_interval_fields(tmp_path, capsys):
     assert all(r["predicted_p10_step_time_s"] for r in json.loads(out.read_text())["rows"])
 
 
+def test_parity_stats_count_errors_bands_and_interval_hits():
+    """The figure's panel figures from the rows: 3 scored rows (one without a published time and one whose
+    prediction is infinite are left out), errors 5%, 20% and 50%."""
+    from planner.parity import parity_stats
+
+    rows = [{"predicted_step_time_s": 1.05, "published_step_time_s": 1.0, "predicted_p10_step_time_s": 0.9,
+             "predicted_p90_step_time_s": 1.2},
+            {"predicted_step_time_s": 2.4, "published_step_time_s": 2.0, "predicted_p10_step_time_s": 2.1,
+             "predicted_p90_step_time_s": 2.8},
+            {"predicted_step_time_s": 6.0, "published_step_time_s": 4.0, "predicted_p10_step_time_s": None,
+             "predicted_p90_step_time_s": None},
+            {"predicted_step_time_s": 3.0, "published_step_time_s": None},
+            {"predicted_step_time_s": math.inf, "published_step_time_s": 3.0}]
+    st = parity_stats(rows)
+    assert st["rows"] == 3
+    assert st["mape"] == pytest.approx(25.0) and st["median_ape"] == pytest.approx(20.0)
+    assert st["within"] == {"10%": 1, "25%": 2}
+    assert (st["interval_rows"], st["inside"]) == (2, 1)    # 2.0 lies below 2.1
+    assert parity_stats([])["rows"] == 0
+
+
+def test_validate_plot_writes_the_parity_figure(tmp_path, capsys):
+    rows = list(csv.DictReader(PUBLISHED.read_text().splitlines()))
+    small = write_rows(tmp_path / "runs.csv", [r for r in rows if r["scored"] == "true"][:6])
+    png, out = tmp_path / "parity.png", tmp_path / "v.json"
+    assert main(["validate", str(small), "--plot", str(png), "--json", str(out)]) == 0
+    assert f"plot written to {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert json.loads(out.read_text())["plot"] == str(png)
+    # A plot path in a missing folder fails before any prediction and writes nothing.
+    assert main(["validate", str(small), "--plot", str(tmp_path / "no" / "p.png")]) == 2
+    assert not (tmp_path / "no").exists()
+
+
 def test_check_and_search_show_intervals(capsys, tmp_path):
     assert main(["check", "--model", "70b", "--cluster", "h100x512.yaml", "--tp", "4", "--pp", "4", "--vpp", "5",
                  "--cp", "2", "--json"]) == 0

@@ -556,7 +556,7 @@ def cmd_validate(argv: list[str]) -> int:
     if args.json and not to_stdout and Path(args.json).resolve() == Path(args.csv).resolve():
         raise InputError(f"--json {args.json}: that is the CSV being validated; give another file to write")
     from costmodel.validate import interval_coverage, validate
-    from planner.report import validation_tables
+    from planner.report import validation_tables, worst_rows_table
     from planner.request import validate_profiles
     from planner.terminal import console
 
@@ -573,6 +573,9 @@ def cmd_validate(argv: list[str]) -> int:
     con = console(stderr=to_stdout)
     for t in validation_tables(result["summary"]):
         con.print(t)
+    worst = worst_rows_table(result["rows"])
+    if worst is not None:
+        con.print(worst)
     for gpu, prof in (override or {}).items():
         con.print(f"{gpu} rows predicted with --profile {args.profile_file} ({prof.calibration.fitted_by})")
     result["interval_coverage"] = interval_coverage(result["rows"])

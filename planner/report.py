@@ -184,6 +184,33 @@ def validation_tables(summary: dict) -> list[Table]:
     return out
 
 
+WORST_ROWS = 8
+"""How many rows the largest-errors table of plan validate lists."""
+
+
+def worst_rows_table(rows: list[dict], n: int = WORST_ROWS) -> Table | None:
+    """The ``n`` scored rows the model misses most (|predicted / published - 1|), with their ratio and whether the
+    published time lies inside the P10-P90; None where fewer than two rows are scored."""
+    sel = [r for r in rows if (r.get("predicted_step_time_s") or 0) > 0 and (r.get("published_step_time_s") or 0) > 0
+           and np.isfinite(r["predicted_step_time_s"])]
+    if len(sel) < 2:
+        return None
+    sel.sort(key=lambda r: -abs(r["predicted_step_time_s"] / r["published_step_time_s"] - 1.0))
+    t = Table(title=f"Largest errors ({min(n, len(sel))} of {len(sel)} scored rows; ratio = predicted / published)",
+              header_style="bold", caption="row: the CSV's data rows counted from 0 after the header, as in --json")
+    for col in ("row", "source", "model", "GPUs", "precision", "release", "predicted s", "published s", "ratio",
+                "in P10-P90"):
+        t.add_column(col, justify="right" if col in ("row", "GPUs", "predicted s", "published s", "ratio") else "left")
+    for r in sel[:n]:
+        pred, pub, lo, hi = (r.get(k) for k in ("predicted_step_time_s", "published_step_time_s",
+                                                  "predicted_p10_step_time_s", "predicted_p90_step_time_s"))
+        inside = "-" if lo is None else ("yes" if lo <= pub <= hi else "below P10" if pub < lo else "above P90")
+        t.add_row(str(r["row"]), escape(str(r.get("source_id") or "")), escape(str(r.get("model_name") or "")),
+                  f"{r.get('num_gpus')} {escape(str(r.get('gpu_type') or ''))}", escape(str(r.get("precision") or "")),
+                  escape(str(r.get("release") or "")), sig(pred, 3), sig(pub, 3), f"{pred / pub:.2f}", inside)
+    return t
+
+
 CV_TITLES = {"source": "Leave-one-source-out (profiles refitted without the source)",
              "release": "Leave-one-release-out (without one software release of a source that spans several)",
              "gpu": "Leave-one-GPU-type-out (the GPU type's factors from its generation or the shared level)"}

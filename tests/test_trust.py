@@ -226,6 +226,30 @@ def test_parity_stats_count_errors_bands_and_interval_hits():
     assert parity_stats([])["rows"] == 0
 
 
+def test_worst_rows_table_lists_the_largest_misses_first():
+    """Rows ordered by |predicted / published - 1| (a 0.5 ratio before a 1.3 one), whether the published time is
+    inside, below or above the interval, rows without a published time left out, and no table for one row."""
+    from rich.console import Console
+
+    from planner.report import worst_rows_table
+
+    def row(i, pred, pub, lo=None, hi=None):
+        return {"row": i, "source_id": "S", "model_name": "m", "num_gpus": 8, "gpu_type": "H100",
+                "precision": "bf16", "release": "", "predicted_step_time_s": pred, "published_step_time_s": pub,
+                "predicted_p10_step_time_s": lo, "predicted_p90_step_time_s": hi}
+
+    rows = [row(0, 1.3, 1.0, 1.1, 1.5), row(1, 1.0, 2.0, 0.9, 1.2), row(2, 1.02, 1.0), row(3, 2.0, None)]
+    con = Console(width=200, record=True)
+    con.print(worst_rows_table(rows, n=2))
+    text = con.export_text()
+    assert "2 of 3 scored rows" in text
+    lines = [ln for ln in text.splitlines() if ln.strip().startswith("│")]
+    assert len(lines) == 2
+    assert "0.50" in lines[0] and "above P90" in lines[0]
+    assert "1.30" in lines[1] and "below P10" in lines[1]
+    assert worst_rows_table([row(0, 1.0, 1.0)]) is None
+
+
 def test_validate_plot_writes_the_parity_figure(tmp_path, capsys):
     rows = list(csv.DictReader(PUBLISHED.read_text().splitlines()))
     small = write_rows(tmp_path / "runs.csv", [r for r in rows if r["scored"] == "true"][:6])

@@ -8,30 +8,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.validate import interval_coverage
+from costmodel.validate import abs_percent_error, interval_coverage
+from planner.report import scored_rows
 
 BANDS = (0.10, 0.25)
 """Relative errors the figure draws bands for, and parity_stats counts rows within."""
 GENERATION_COLOURS = {"volta": "tab:gray", "ampere": "tab:green", "hopper": "tab:blue", "blackwell": "tab:purple"}
 
 
-def scored(rows: list[dict]) -> list[dict]:
-    """The rows with both a predicted and a published step time (finite, positive)."""
-    return [r for r in rows if (r.get("predicted_step_time_s") or 0) > 0 and (r.get("published_step_time_s") or 0) > 0
-            and np.isfinite(r["predicted_step_time_s"])]
-
-
 def parity_stats(rows: list[dict]) -> dict:
     """What a panel says of its rows: how many are scored, their MAPE and median absolute error (%), how many
     lie within each of BANDS of their published time, and how many published times fall inside their
     P10-P90 (of the rows that have one)."""
-    sel = scored(rows)
-    ape = np.array([abs(r["predicted_step_time_s"] / r["published_step_time_s"] - 1.0) for r in sel])
+    sel = scored_rows(rows)
+    ape = np.array([abs_percent_error(r["predicted_step_time_s"], r["published_step_time_s"]) for r in sel])
     cov = interval_coverage(sel)
     return {"rows": len(sel),
-            "mape": round(float(ape.mean()) * 100, 2) if len(sel) else None,
-            "median_ape": round(float(np.median(ape)) * 100, 2) if len(sel) else None,
-            "within": {f"{b:.0%}": int((ape <= b + 1e-12).sum()) for b in BANDS},
+            "mape": round(float(ape.mean()), 2) if len(sel) else None,
+            "median_ape": round(float(np.median(ape)), 2) if len(sel) else None,
+            "within": {f"{b:.0%}": int((ape <= 100 * b + 1e-9).sum()) for b in BANDS},
             "interval_rows": cov["rows"], "inside": cov["inside"]}
 
 
@@ -47,8 +42,8 @@ def _generation(gpu_type: str, cache: dict) -> str | None:
 
 
 def _panel(ax, label: str, rows: list[dict], generations: dict) -> None:
-    sel = scored(rows)
-    st = parity_stats(rows)
+    sel = scored_rows(rows)
+    st = parity_stats(sel)
     if not sel:
         ax.text(0.5, 0.5, "no row has both a predicted and a published step time", ha="center", va="center",
                 transform=ax.transAxes)

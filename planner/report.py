@@ -188,11 +188,16 @@ WORST_ROWS = 8
 """How many rows the largest-errors table of plan validate lists."""
 
 
+def scored_rows(rows: list[dict]) -> list[dict]:
+    """The plan validate rows with both a predicted and a published step time (finite, positive)."""
+    return [r for r in rows if (r.get("predicted_step_time_s") or 0) > 0 and (r.get("published_step_time_s") or 0) > 0
+            and np.isfinite(r["predicted_step_time_s"])]
+
+
 def worst_rows_table(rows: list[dict], n: int = WORST_ROWS) -> Table | None:
     """The ``n`` scored rows the model misses most (|predicted / published - 1|), with their ratio and whether the
     published time lies inside the P10-P90; None where fewer than two rows are scored."""
-    sel = [r for r in rows if (r.get("predicted_step_time_s") or 0) > 0 and (r.get("published_step_time_s") or 0) > 0
-           and np.isfinite(r["predicted_step_time_s"])]
+    sel = scored_rows(rows)
     if len(sel) < 2:
         return None
     sel.sort(key=lambda r: -abs(r["predicted_step_time_s"] / r["published_step_time_s"] - 1.0))

@@ -58,36 +58,54 @@ class Measurement:
     """The run's peak device memory where it was measured (CUDA allocator), else None."""
 
 
+def _plan_groups(measurements: list[Measurement]) -> dict[tuple, dict[ParallelPlan, list[int]]]:
+    """The measurements as one vectorised estimate each: {(model, cluster, framework): {plan: [indices]}}."""
+    groups: dict[tuple, dict[ParallelPlan, list[int]]] = {}
+    for i, m in enumerate(measurements):
+        groups.setdefault((m.model, m.cluster, m.plan.framework), {}).setdefault(m.plan, []).append(i)
+    return groups
+
+
+def _predict_group(key: tuple, plans: list[ParallelPlan], prof: HardwareProfile, what: str) -> np.ndarray:
+    model, cluster, framework = key
+    r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=prof, framework=framework)
+    return r[what] if what == "step_time_s" else np.nanmax(r[what], axis=1)
+
+
 def predict(measurements: list[Measurement], profile: HardwareProfile | dict[str, HardwareProfile],
             what: str = "step_time_s") -> np.ndarray:
     """Predicted step time of each measurement (``what="peak_memory_bytes"``: its largest stage's peak memory):
     one vectorised call per (model, cluster, framework), identical plans scored once. ``profile`` is one profile
     for all, or one per GPU type (cluster.gpu)."""
     out = np.empty(len(measurements))
-    groups: dict[tuple, dict[ParallelPlan, list[int]]] = {}
-    for i, m in enumerate(measurements):
-        groups.setdefault((m.model, m.cluster, m.plan.framework), {}).setdefault(m.plan, []).append(i)
-    for (model, cluster, framework), by_plan in groups.items():
+    for key, by_plan in _plan_groups(measurements).items():
         plans = list(by_plan)
-        prof = profile[cluster.gpu] if isinstance(profile, dict) else profile
-        r = estimate_arrays(model, cluster, PlanArrays.from_plans(plans), profile=prof, framework=framework)
-        value = r[what] if what == "step_time_s" else np.nanmax(r[what], axis=1)
+        value = _predict_group(key, plans, profile[key[1].gpu] if isinstance(profile, dict) else profile, what)
         for j, plan in enumerate(plans):
             out[by_plan[plan]] = value[j]
     return out
 
 
+def factor_moves(name: str, m: Measurement) -> bool:
+    """Whether calibration factor ``name`` can change the predicted step of ``m``: the fp8 factor only quantised
+    GEMMs (fp8, MXFP8, NVFP4 runs), the fp4 factor only NVFP4 ones, the MoE routing and all-to-all factors only
+    MoE layers; every other factor any run (costmodel/compute.py, costmodel/estimate.py)."""
+    if name == "fp8_gemm_efficiency":
+        return m.model.precision in ("fp8", "mxfp8", "nvfp4")
+    if name == "fp4_gemm_efficiency":
+        return m.model.precision == "nvfp4"
+    if name in ("moe_overhead", "a2a_time"):
+        return m.model.is_moe
+    return True
+
+
 def relevant_factors(measurements: list[Measurement]) -> list[str]:
     """Factors the measurements can inform, most important first."""
+    moves = lambda name: any(factor_moves(name, m) for m in measurements)  # noqa: E731
     names = ["gemm_efficiency", "comm_exposed", "memory_bound_efficiency"]
-    if any(m.model.precision in ("fp8", "mxfp8", "nvfp4") for m in measurements):
-        names.append("fp8_gemm_efficiency")
-    if any(m.model.precision == "nvfp4" for m in measurements):
-        names.append("fp4_gemm_efficiency")
+    names += [k for k in ("fp8_gemm_efficiency", "fp4_gemm_efficiency") if moves(k)]
     names += ["attention_efficiency", "gemm_shape"]
-    if any(m.model.is_moe for m in measurements):
-        names += ["moe_overhead", "a2a_time"]
-    return names
+    return names + [k for k in ("moe_overhead", "a2a_time") if moves(k)]
 
 
 def factor_rows(measurements: list[Measurement]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -149,8 +167,28 @@ def fit_factors(measurements: list[Measurement], profiles: dict[str, HardwarePro
         return {g: p.model_copy(update={"calibration": Calibration(**{**bases[g], **vals, "fitted_by": fitted_by})})
                 for g, p in profiles.items()}
 
+    # A group of runs is estimated again only when a factor that moves it changed (factor_moves): a finite-
+    # difference Jacobian column of the fp8, fp4 or MoE factors leaves the other groups' estimates as they were.
+    groups = [(key, list(by_plan), list(by_plan.values())) for key, by_plan in _plan_groups(measurements).items()]
+    moving = [np.array([j for j, k in enumerate(names) if any(factor_moves(k, measurements[i]) for ix in idx
+                                                               for i in ix)], dtype=int) for _, _, idx in groups]
+    cache: dict[tuple, np.ndarray] = {}
+
+    def predicted(x: np.ndarray) -> np.ndarray:
+        if len(cache) > 100_000:
+            cache.clear()
+        profs = calibrated(x)
+        out = np.empty(n)
+        for g, (key, plans, idx) in enumerate(groups):
+            ck = (g, x[moving[g]].tobytes())
+            if ck not in cache:
+                cache[ck] = _predict_group(key, plans, profs[key[1].gpu], "step_time_s")
+            for j, ix in enumerate(idx):
+                out[ix] = cache[ck][j]
+        return out
+
     def residuals(x: np.ndarray) -> np.ndarray:
-        pred = predict(measurements, calibrated(x))
+        pred = predicted(x)
         return np.concatenate([sw * (pred / measured - 1.0), prior_w * (x - x0)])
 
     res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.03, diff_step=0.02,

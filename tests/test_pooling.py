@@ -356,3 +356,30 @@ def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
             m.tied_embeddings, m.learned_position_embeddings, m.gated_mlp) == (
         "squared_relu", "LayerNorm1p", False, 0.0, 0.0, 0.5, False, False, False)
     assert gpt.model.activation == "gelu" and gpt.model.hidden_dropout == 0.1 and gpt.model.tied_embeddings
+
+
+def test_a_factor_said_not_to_move_a_run_leaves_its_prediction_unchanged(cases):
+    """fit_factors estimates a group of runs again only when a factor that moves it changed
+    (costmodel.fit.factor_moves): on every shared run, a factor set near its lower bound changes nothing where it
+    is said not to move the run, and each of them changes some run it moves."""
+    from costmodel.fit import FACTORS, factor_moves, predict
+    from costmodel.profiles import Calibration
+    from costmodel.validate import measurements_for
+
+    ms = measurements_for(cases)
+    gpus = {m.cluster.gpu for m in ms}
+    base = {g: load_profile(g) for g in gpus}
+    before = predict(ms, base)
+    moved_somewhere = set()
+    for name in ("fp8_gemm_efficiency", "fp4_gemm_efficiency", "moe_overhead", "a2a_time", "gemm_efficiency"):
+        value = FACTORS[name][2][0] * 1.05     # near the lower bound: far from every fitted value
+        changed = {g: p.model_copy(update={"calibration": Calibration(**{**p.calibration.model_dump(), name: value})})
+                   for g, p in base.items()}
+        after = predict(ms, changed)
+        moves = np.array([factor_moves(name, m) for m in ms])
+        assert np.array_equal(after[~moves], before[~moves]), name
+        if np.any(after[moves] != before[moves]):
+            moved_somewhere.add(name)
+        assert (~moves).sum() > 0 or name == "gemm_efficiency"
+    assert moved_somewhere == {"fp8_gemm_efficiency", "fp4_gemm_efficiency", "moe_overhead", "a2a_time",
+                               "gemm_efficiency"}

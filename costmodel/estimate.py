@@ -596,22 +596,27 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     ddp_d, ddp_e = (col(dp_size), col(dp_k), col(dp_N)), (col(edp), col(edp_k), col(edp_N))
     rep_grp_d, rep_grp_e = (R, col(c.rep_k), col(c.rep_N)), (R, col(c.rep_e_k), col(c.rep_e_N))
 
-    def coll(kind, params, nbytes, group):
+    # A dense model holds no expert parameters: its expert-group collectives are zero and are not computed.
+    expert = c.model.is_moe
+
+    def coll(kind, params, nbytes, group, of_experts=False):
+        if of_experts and not expert:
+            return 0.0
         return comm.collective_time_s(prof, cluster, kind, params * nbytes, *group)
 
     rs_d = coll("reduce_scatter", p_dense_stage, wire_b, shard_d)
     ar_d = coll("all_reduce", p_dense_stage, wire_b, ddp_d)
     ag_d = coll("all_gather", p_dense_stage, c.eb, shard_d)
     rep_d = coll("all_reduce", p_dense_stage / sh, wire_b, rep_grp_d)
-    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, shard_e)
-    ar_e = coll("all_reduce", p_exp_stage, wire_b, ddp_e)
-    ag_e = coll("all_gather", p_exp_stage, c.eb, shard_e)
-    rep_e = coll("all_reduce", p_exp_stage / sh_e, wire_b, rep_grp_e)
+    rs_e = coll("reduce_scatter", p_exp_stage, wire_b, shard_e, True)
+    ar_e = coll("all_reduce", p_exp_stage, wire_b, ddp_e, True)
+    ag_e = coll("all_gather", p_exp_stage, c.eb, shard_e, True)
+    rep_e = coll("all_reduce", p_exp_stage / sh_e, wire_b, rep_grp_e, True)
 
     def latency(kind, count_d, count_e, group_d=shard_d, group_e=shard_e, params_d=p_dense_stage,
                 params_e=p_exp_stage):
         return (_bucket_latency(c, kind, params_d, *group_d, count_d)
-                + _bucket_latency(c, kind, params_e, *group_e, count_e))
+                + (_bucket_latency(c, kind, params_e, *group_e, count_e) if expert else 0.0))
 
     def replicas_latency(count_d, count_e):
         return latency("all_reduce", count_d, count_e, rep_grp_d, rep_grp_e, p_dense_stage / sh, p_exp_stage / sh_e)

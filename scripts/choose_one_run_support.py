@@ -5,7 +5,7 @@ For each source of the published runs: fit the profiles without it (as ``plan va
 does), then score the one-run calibration inside it (costmodel/crossval.py one_run_calibration_cv: same model,
 same release, other models, other models inside one release) with each candidate weight, and with the factor
 ranked by sensitivity alone (the profiles' run counts emptied). Prints MAPE and median pooled over the sources.
-About 6 minutes on 2 cores.
+About 3 minutes on 2 cores.
 
     python scripts/choose_one_run_support.py [data/validation/published_runs.csv] [--json OUT]
 """

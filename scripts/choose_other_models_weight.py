@@ -7,7 +7,7 @@ predict the group's runs of other architectures, with the calibrated profile's `
 each candidate. Prints MAPE and median over all pairs and averaged per source; then the same inside each
 software release of a source (source, release, GPU: one stack, as a user's cluster runs it), over all pairs
 and split by whether the anchor and the predicted model are of one kind (dense or MoE) and precision.
-About 10 minutes on 2 cores.
+About 2 minutes on 2 cores.
 
     python scripts/choose_other_models_weight.py [data/validation/published_runs.csv] [--json OUT]
 """

@@ -170,8 +170,9 @@ def fit_factors(measurements: list[Measurement], profiles: dict[str, HardwarePro
     # A group of runs is estimated again only when a factor that moves it changed (factor_moves): a finite-
     # difference Jacobian column of the fp8, fp4 or MoE factors leaves the other groups' estimates as they were.
     groups = [(key, list(by_plan), list(by_plan.values())) for key, by_plan in _plan_groups(measurements).items()]
-    moving = [np.array([j for j, k in enumerate(names) if any(factor_moves(k, measurements[i]) for ix in idx
-                                                               for i in ix)], dtype=int) for _, _, idx in groups]
+    # Per group, the positions in x of the factors that move its runs (runs of one group share model and framework).
+    moving = [np.array([j for j, k in enumerate(names) if factor_moves(k, measurements[idx[0][0]])], dtype=int)
+              for _, _, idx in groups]
     cache: dict[tuple, np.ndarray] = {}
 
     def predicted(x: np.ndarray) -> np.ndarray:

@@ -1153,9 +1153,14 @@ def _fastest_fitting(fits: np.ndarray, step_s: np.ndarray, n_base: int) -> int:
     return n_base - 1
 
 
-def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
+def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fallback: bool = True) -> dict:
     """Predict one case; an unknown recompute setting (recompute_options) takes the fastest that fits: a
-    published run was tuned by the people who ran it."""
+    published run was tuned by the people who ran it.
+
+    A published layout that does not fit as the row gives it ran some other way; the fallbacks, in order: an
+    other-2022 row with memory-efficient attention; the fastest recompute that fits, where the recompute setting
+    alone keeps it out; the optimizer state in host memory with the row's recompute (and only where that does
+    not fit either, another recompute). ``offload_fallback=False`` leaves the last one out."""
     prof = profile or load_profile(case.cluster.gpu)
     layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, case.cluster.num_gpus)
     interleaved = len(layouts) > 1
@@ -1182,7 +1187,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
         sp = case.plan.sequence_parallel or ("sequence_parallel=False" in case.assumed and case.plan.tp > 1)
         fused = replace(case, plan=case.plan.model_copy(update={"framework": "other", "sequence_parallel": sp}),
                         assumed=[a for a in case.assumed if a != "sequence_parallel=False"])
-        got = predict_case(fused, profile)
+        got = predict_case(fused, profile, offload_fallback)
         if got["fits"]:
             got["assumed"].append(f"framework=other (the published layout fits only with memory-efficient attention"
                                   f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
@@ -1190,14 +1195,17 @@ def predict_case(case: Case, profile: HardwareProfile | None = None) -> dict:
     if not fits[idx] and case.recompute_known:
         # The run ran: a layout that holds its activations with no setting the row names saved them another way
         # (the row's recompute column says less than the run did): the fastest recompute that fits.
-        got = predict_case(replace(case, recompute_known=False), profile)
+        # Only where a recompute setting alone makes it fit: a run whose optimizer state does not fit kept it in
+        # host memory with the recompute it names (the next fallback), not some other recompute.
+        got = predict_case(replace(case, recompute_known=False), profile, offload_fallback=False)
         if got["fits"]:
             got["assumed"] = [a for a in got["assumed"] if not a.endswith("(fastest that fits)")]
             if _describe_recompute(got["plan"]) != _describe_recompute(case.plan):
                 got["assumed"].append(f"recompute={_describe_recompute(got['plan'])} (the published layout does not "
                                       f"fit with recompute={_describe_recompute(case.plan)} as the row says)")
             return got
-    if not fits[idx] and case.plan.optimizer_offload < 1.0 and prof.host_memory_bandwidth_bytes_per_s is not None \
+    if not fits[idx] and offload_fallback and case.plan.optimizer_offload < 1.0 \
+            and prof.host_memory_bandwidth_bytes_per_s is not None \
             and prof.host_link_bandwidth_bytes_per_s is not None:
         # The run ran: a layout whose weights fit and optimizer state does not kept the state in host memory
         # (megatron-core --optimizer-cpu-offload, DeepSpeed ZeRO-Offload), the step's Adam on the CPU.

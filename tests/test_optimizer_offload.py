@@ -188,6 +188,27 @@ def test_a_zero_offload_row_fits_one_v100_and_pays_for_the_cpu_step(tmp_path):
     assert guess["predicted_step_time_s"] == pytest.approx(got["predicted_step_time_s"])
 
 
+def test_a_run_whose_optimizer_state_does_not_fit_keeps_the_recompute_it_names(tmp_path):
+    """Llama-3-70B on one 8-H100 node, tp8 with full recompute on torchtitan: the 8.75B parameters per GPU hold
+    105 GB of Adam state, which no recompute setting frees. The run kept its state in host memory and recomputed
+    as it says; before, the recompute fallback ran first, found the offload, and reported recompute none (the
+    fastest with offload) as what the row's recompute could not fit."""
+    row = _gpt2_10b_row(model_name="Llama-3-70B", params_b="70", layers="80", hidden="8192", ffn_hidden="28672",
+                        heads="64", kv_heads="8", vocab="128256", seq_len="8192", gpu_type="H100", num_gpus="8",
+                        gpus_per_node="8", tp="8", dp="1", sp="true", global_batch="8", micro_batch="1",
+                        zero_stage_or_distopt="FSDP", framework="torchtitan", precision="bf16")
+    (case,), errors = load_cases(write_rows(tmp_path / "t.csv", [row]), unpublished=True)
+    assert errors == [] and case.plan.recompute == "full" and case.plan.optimizer_offload == 0
+    got = predict_case(case)
+    assert got["fits"] and got["plan"].optimizer_offload == 1.0
+    assert (got["plan"].recompute, got["plan"].recompute_layers) == ("full", None)
+    assert not any("as the row says" in a for a in got["assumed"])
+    assert got["assumed"][-1].startswith("optimizer_offload=1 (the published layout does not fit")
+    # Without recompute the offloaded layout fits too and is faster: the row's setting, not the fastest, is kept.
+    none = estimate(case.model, case.cluster, got["plan"].model_copy(update={"recompute": "none"}))
+    assert none.fits and none.step_time_s < got["predicted_step_time_s"]
+
+
 def test_plan_check_offers_offload_and_refuses_it_without_a_known_host(tmp_path, capsys):
     import yaml
 

@@ -584,6 +584,18 @@ def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile
     raise InputError(f"unknown GPU type {name_or_path!r}; valid: {', '.join(names)}")
 
 
+def gpu_label(gpu: str) -> str:
+    """How tables name a cluster's GPU: as it is, or, where a profile file stands in for it (``--profile``
+    FILE), the profile's name and the file's ("H100 (h100_mine.yaml)") rather than the file's whole path."""
+    path = Path(gpu)
+    if path.suffix not in (".yaml", ".yml"):
+        return gpu
+    try:
+        return f"{load_profile(gpu).name} ({path.name})"
+    except InputError:
+        return path.name
+
+
 def _resolve_profile_path(data: dict, cluster_path: Path) -> None:
     """A ``gpu:`` that names a profile file relative to the cluster file becomes an absolute path, so
     that the cluster loads from any working directory (``plan profile`` writes such pairs)."""

@@ -27,7 +27,7 @@ from costmodel.compression import GradCompression, get_compression
 from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
 from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, checkpoint_bytes, estimate_goodput
-from costmodel.profiles import InputError, gpu_nvlink_domain, load_profile
+from costmodel.profiles import InputError, gpu_label, gpu_nvlink_domain, load_profile
 from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, offload_alternative, pareto_front, plan_at
@@ -284,7 +284,8 @@ class CapacityPoint:
 
     @property
     def gpu_type(self) -> str:
-        return self.scenario.cluster.gpu
+        """The GPU as tables name it (a --profile file as its profile's name and file name)."""
+        return gpu_label(self.scenario.cluster.gpu)
 
     @property
     def gpu_hours(self) -> float:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from costmodel.profiles import InputError
+from costmodel.profiles import InputError, gpu_label
 from costmodel.specs import INT64_MAX
 
 SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune")
@@ -217,7 +217,7 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
         print(json.dumps(out, indent=1))
         return 0 if res.any_fits else 1
     con = console()
-    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), "
+    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {gpu_label(cluster.gpu)}), "
                                  f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts scored ({how}"
                                  f"{', ranked by P90' if args.rank_by == 'p90' else ''})"))
     if alt is not None:
@@ -449,7 +449,7 @@ def _search_routed(args, model, cluster, gbs: int, routing) -> int:
                           "plans": rows}, indent=1))
         return 0 if res.any_fits else 1
     con = console()
-    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {cluster.gpu}), global batch "
+    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {gpu_label(cluster.gpu)}), global batch "
                                  f"{gbs} x {model.seq_len} tokens; {res.evaluated} layouts (with etp) scored under "
                                  f"the routing histogram"))
     for line in routing_lines(rs):
@@ -499,7 +499,7 @@ def _print_hetero(model, cluster, gbs: int, routing, res, plans: list, cmp: dict
     from planner.terminal import console
 
     con = console()
-    sizes = ", ".join(f"{g.name}: {g.num_gpus} x {g.gpu}" for g in cluster.device_groups)
+    sizes = ", ".join(f"{g.name}: {g.num_gpus} x {gpu_label(g.gpu)}" for g in cluster.device_groups)
     con.print(hetero_table(plans, f"{_named(model)} on {cluster.name} ({sizes}), global batch {gbs} x {model.seq_len} "
                                   f"tokens; {res.counts['valid']} mixed layouts, {res.counts['scored']} split and "
                                   f"scored exactly"))

@@ -512,6 +512,12 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     assert p1[0]["wall_time_days"] / p0[0]["wall_time_days"] == pytest.approx(shift, abs=0.5 * abs(shift - 1))
     assert p1[1]["wall_time_days"] == pytest.approx(p0[1]["wall_time_days"])   # B200: shipped
 
+    # Tables name the calibrated GPU by its profile and file, not the file's whole path.
+    rc, table, _ = run_cli(capsys, ["--model", "8b", "--cluster", "h100x512", "--top", "1", "--profile", str(cal)])
+    assert rc == 0 and "(512 x H100 (h100_mine.yaml))" in " ".join(table.split()) and str(tmp_path) not in table
+    rc, table, _ = run_cli(capsys, ["whatif", "--model", "8b", "--cluster", "h100x512", "--vary", "gpus=256,512",
+                                    "--profile", str(cal)])
+    assert rc == 0 and "H100 (h100_mine.yaml)" in table and str(tmp_path) not in table
 
 def test_calibrate_leaves_out_rows_that_publish_no_step_time(tmp_path, capsys):
     """A CSV row with only a TFLOP/s figure measures nothing to fit to: plan calibrate leaves it out and says

@@ -48,6 +48,9 @@ def test_host_dram_bandwidth_is_the_cpus_channels_over_the_gpus_that_share_them(
     assert load_profile("GB200").host_memory_bandwidth_bytes_per_s.value == 250e9
     assert load_profile("GH200").host_memory_bandwidth_bytes_per_s.value == 500e9
     assert load_profile("H100-PCIe").host_memory_bandwidth_bytes_per_s is None     # a PCIe card: host unknown
+    # An 8-GPU board whose server nobody specifies takes the DGX of its generation's (assumptions, cited as such).
+    assert load_profile("B300").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 5600e6 * 8 / 8)
+    assert load_profile("H20").host_memory_bandwidth_bytes_per_s.value == pytest.approx(2 * 8 * 4800e6 * 8 / 8)
 
 
 def test_the_offloaded_state_leaves_the_gpu_for_the_host():

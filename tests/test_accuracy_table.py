@@ -3,18 +3,9 @@ run and the predicted one."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("accuracy_table", ROOT / "scripts" / "accuracy_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 def test_one_run_pairs_split_by_scale_and_release(capsys):
@@ -25,7 +16,7 @@ def test_one_run_pairs_split_by_scale_and_release(capsys):
     residuals = [{"row": r, "log_residual": -math.log(x)} for r, x in ((1, 1.1), (2, 0.8), (3, 1.05), (11, 0.98))]
     same_model = {"groups": [{"anchor_row": 0, "after": {"count": 3}}, {"anchor_row": 10, "after": {"count": 1}}],
                   "residuals": residuals}
-    _script().one_run_split(same_model, rows)
+    load_script("accuracy_table").one_run_split(same_model, rows)
     lines = capsys.readouterr().out.splitlines()
     assert lines[2:] == ["| as many GPUs, another release | 1 | 20.0 | 20.0 |",
                          "| as many GPUs, same release | 1 | 5.0 | 5.0 |",

@@ -1,7 +1,6 @@
 """The Blackwell profiles' GEMM shape curve comes from XLA's measured matmul table (data/validation/gemm_shapes.csv)
 through scripts/gemm_shape_ratio.py, and the cost model follows it."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -9,15 +8,13 @@ import pytest
 
 from costmodel import compute
 from costmodel.profiles import load_profile
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gemm_shape_ratio", ROOT / "scripts" / "gemm_shape_ratio.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gemm_shape_ratio")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ numbers match the cited sources, and bad files fail with a message naming the fi
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from costmodel.profiles import (
     load_profile,
     profile_paths,
 )
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = ROOT / "data" / "validation"
@@ -35,14 +35,8 @@ def _rows(name: str) -> list[dict[str, str]]:
 
 
 def _curve_script():
-    """scripts/build_profile_curves.py as a module (scripts/ is not a package)."""
-    name = "build_profile_curves"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "build_profile_curves.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    """scripts/build_profile_curves.py as a module."""
+    return load_script("build_profile_curves")
 
 
 def _norm(s: str) -> str:

@@ -594,18 +594,9 @@ def test_bad_profiles_and_measurements_are_one_line_exit_2(tmp_path, capsys):
 def test_choose_one_run_support_prints_a_dash_for_a_figure_without_pairs():
     """scripts/choose_one_run_support.py on a subset of sources where a figure has no pairs (no release groups,
     no second model) prints a dash for it instead of failing on the missing MAPE."""
-    import importlib.util
-    import sys as _sys
-    from pathlib import Path as _Path
+    from script_module import load_script
 
-    scripts = _Path(__file__).resolve().parents[1] / "scripts"
-    _sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("choose_one_run_support", scripts / "choose_one_run_support.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        _sys.path.remove(str(scripts))
+    mod = load_script("choose_one_run_support")
     assert mod._cell({"count": 0, "mape": None, "median_ape": None}) == "- (0)"
     assert mod._cell({"count": 12, "mape": 7.754, "median_ape": 4.5}) == "  7.75 /  4.50 (12)"
 

@@ -449,9 +449,9 @@ def _search_routed(args, model, cluster, gbs: int, routing) -> int:
                           "plans": rows}, indent=1))
         return 0 if res.any_fits else 1
     con = console()
-    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {gpu_label(cluster.gpu)}), global batch "
-                                 f"{gbs} x {model.seq_len} tokens; {res.evaluated} layouts (with etp) scored under "
-                                 f"the routing histogram"))
+    con.print(ranked_table(rows, f"{_named(model)} on {cluster.name} ({cluster.num_gpus} x {gpu_label(cluster.gpu)}), "
+                                 f"global batch {gbs} x {model.seq_len} tokens; {res.evaluated} layouts (with etp) "
+                                 f"scored under the routing histogram"))
     for line in routing_lines(rs):
         con.print(line)
     if not res.any_fits:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 
 SCHEME_NAMES = {"source": "leave-one-source-out", "release": "leave-one-release-out",
@@ -79,10 +80,7 @@ def one_run_split(same_model: dict, rows: dict) -> None:
     print("| one-run calibration, same model: predicted run | pairs | MAPE % | median % |")
     print("|---|---:|---:|---:|")
     for (scale, release), errs in sorted(split.items()):
-        errs.sort()
-        mid = len(errs) // 2
-        median = errs[mid] if len(errs) % 2 else 0.5 * (errs[mid - 1] + errs[mid])
-        print(f"| {scale}, {release} | {len(errs)} | {fmt(sum(errs) / len(errs))} | {fmt(median)} |")
+        print(f"| {scale}, {release} | {len(errs)} | {fmt(statistics.mean(errs))} | {fmt(statistics.median(errs))} |")
 
 
 if __name__ == "__main__":

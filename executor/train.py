@@ -107,7 +107,9 @@ def _build(model: ModelSpec, plan: ParallelPlan, args, cuda: bool):
         canonical_init(chunks, seed=args.seed, gated=model.gated_mlp)
     if cuda:
         chunks = [c.cuda() for c in chunks]
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+    # Gradients in the parameters' dtype, as the plan's Megatron-LM flags run them (--grad-reduce-in-bf16; with
+    # --fp16 Megatron-LM never reduces in fp32) and the estimate prices them (costmodel/memory.py GRAD_BYTES_CORE).
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
                                                use_distributed_optimizer=plan.distributed_optimizer)
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c,
                                       disable_bucketing=i > 0) for i, c in enumerate(chunks)]

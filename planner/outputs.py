@@ -574,7 +574,16 @@ def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
     elif p == "fp32":
         f.notes.append("# fp32: neither --bf16 nor --fp16 (parameters and GEMMs in fp32, as the estimate prices)")
     else:
-        f.out.append("--bf16")
+        # validate_args: with --bf16, "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False
+        # elif ... main_grads_dtype == torch.float32: args.accumulate_allreduce_grads_in_fp32 = True", and
+        # training.py builds DistributedDataParallelConfig(grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32):
+        # without the flag the gradient buffer is fp32, 2 bytes per parameter more than the estimate prices
+        # (costmodel/memory.py GRAD_BYTES_CORE, as NVIDIA's Megatron-Bridge performance recipes run:
+        # ddp.grad_reduce_in_fp32 = False) and twice the data-parallel gradient traffic.
+        f.out += ["--bf16", "--grad-reduce-in-bf16"]
+        f.notes.append("# --grad-reduce-in-bf16: gradients accumulated and reduced in bf16, as the estimate prices; "
+                       "without it Megatron-LM keeps them in fp32 (2 bytes more per local parameter, twice the "
+                       "data-parallel gradient traffic)")
     if p == "fp8":
         f.out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
     elif p == "mxfp8":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from costmodel import memory
 from costmodel.catalog import get_model
 from costmodel.estimate import estimate
 from costmodel.profiles import InputError, load_cluster
@@ -221,6 +222,34 @@ def test_precision_flags(precision, expected):
         delayed = megatron_args(get_model("8b", precision="fp8"), ParallelPlan(tp=2, dp=256, global_batch=512),
                                 fp8_recipe="delayed")
         assert flag_value(delayed, "--fp8-recipe") == "delayed"
+
+
+def megatron_grad_bytes(args: list[str]) -> int:
+    """Bytes per parameter of the gradient buffer Megatron-LM core_v0.16 allocates for these flags: validate_args
+    sets accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16, and training.py builds
+    DistributedDataParallelConfig(grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32); otherwise the
+    buffer has the parameters' dtype (distributed_data_parallel.py: ``torch.float if grad_reduce_in_fp32 else
+    param.dtype``)."""
+    names = {a.split(" ")[0] for a in flags(args)}
+    half = "--bf16" in names or "--fp16" in names
+    fp32_grads = "--accumulate-allreduce-grads-in-fp32" in names or (
+        "--bf16" in names and "--grad-reduce-in-bf16" not in names)
+    return 4 if fp32_grads or not half else 2
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32", "fp8", "mxfp8"])
+def test_gradient_buffer_is_the_one_the_estimate_prices(precision, cluster):
+    # Megatron-LM's bf16 default is an fp32 gradient buffer: a 70B tp4 plan priced at 2 bytes per parameter would
+    # allocate 35 GB more than its estimate. The flags written must give the buffer the estimate counts.
+    model = get_model("70b", precision=precision)
+    plan = ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)
+    mem = estimate(model, cluster, plan).memory_breakdown_bytes
+    weight_bytes = memory.WEIGHT_BYTES * (2 if precision == "fp32" else 1) + (
+        memory.FP8_WEIGHT_EXTRA_BYTES if precision in ("fp8", "mxfp8") else 0)
+    local_params = mem["weights"] / weight_bytes
+    assert mem["grads"] / local_params == pytest.approx(megatron_grad_bytes(megatron_args(model, plan)))
+    if precision != "fp32":
+        assert mem["grads"] / local_params == pytest.approx(2.0)
 
 
 def test_explicit_layout(cluster):

@@ -3,10 +3,10 @@
 Activations follow Korthikanti et al. 2022 (arXiv:2205.05198), Table 2, generalised to GQA, gated
 MLPs and MoE. Per layer and micro-batch, in bytes, with s*b tokens, hidden h, t = tp:
   attention: 2h (LN input) + 2h (QKV input) + 2*(q + 2kv) (Q, K, V) + 2*o (attention output)
-             + h (dropout mask, GPT-era models only) + 5*a*s (softmax/dropout of the scores, only
+             + h (dropout mask, models trained with dropout) + 5*a*s (softmax/dropout of the scores, only
              without flash attention)
   MLP:       2h (LN input) + 2h (FC1 input) + 2*f*(2 if gated else 1) (FC1 output)
-             + 2f (activation output) + h (dropout mask, GPT-era)
+             + 2f (activation output) + h (dropout mask, with dropout)
 For GPT-3 shapes this is the paper's 34*s*b*h + 5*a*s^2*b. Without sequence parallelism the
 LN inputs, GEMM inputs and dropout masks (10*s*b*h) are replicated on each tp rank; with it every
 term is divided by t. Full recomputation keeps only each layer's input (2*s*b*h/t with SP).
@@ -86,11 +86,17 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
 
     ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence); ``recompute`` codes:
     0 none, 1 selective, 2 full, 3 offload (a layer keeps what it keeps without recompute; what offloading
-    moves to the host is costmodel.estimate.stage_memory's business). Selective follows megatron-core's ``--recompute-modules`` for
-    flash-attention models (core_attn, layernorm, the MLP / MoE activation): the LayerNorm outputs
-    (the GEMM inputs) and the activation-function output are recomputed instead of stored. Without
-    flash attention selective recompute removes the 5*a*s^2*b score terms (Korthikanti Sec. 4.2).
-    With fp8 (Transformer Engine) the GEMM inputs are kept as fp8 copies, 1 byte per element.
+    moves to the host is costmodel.estimate.stage_memory's business). With flash attention, selective
+    recomputation recomputes the LayerNorm outputs (the GEMM inputs) and the activation-function output
+    instead of storing them, as an op-level selective checkpoint does (torchtitan's "op" mode saves the matmul
+    outputs and recomputes the element-wise ops). megatron-core's Transformer Engine layers do part of it
+    (``--recompute-modules``): a MoE layer's pre-MLP LayerNorm ("layernorm") and its experts' activation
+    ("moe_act"), not the LayerNorms fused into the dense GEMMs nor a dense MLP's activation; so the planner
+    offers selective only where that part is most of it (planner/space.py) and ``plan check`` says so
+    (planner/check.py). Without flash attention selective recompute removes the 5*a*s^2*b score terms
+    (Korthikanti Sec. 4.2). Dropout masks (1 byte an element, after the attention and MLP blocks) only where
+    the model trains with ``hidden_dropout``. With fp8 (Transformer Engine) the GEMM inputs are kept as fp8
+    copies, 1 byte per element.
     """
     tokens = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -100,7 +106,7 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     dims = attention_proj_dims(model)
     gin = 1.0 if fp8 else 2.0                        # bytes per element of a saved GEMM input
     sel = (rc == 1) & flash                          # modern selective: LN outputs, activation recomputed
-    mask = 1.0 if not model.gated_mlp else 0.0      # GPT-era models train with dropout; Llama-style do not.
+    mask = 1.0 if model.hidden_dropout > 0 else 0.0
     gate = 2 if model.gated_mlp else 1
     ln_in = 2 * h + 2 * h                            # inputs of the two LayerNorms (residual stream)
     ln_out = np.where(sel, 0.0, gin * h + gin * h)   # QKV input and FC1 input

@@ -653,3 +653,9 @@ def busbw_at(curve: BusBwCurve, message_bytes: np.ndarray) -> np.ndarray:
     xs = np.log2([p[0] for p in curve.points])
     ys = np.array([p[1] for p in curve.points])
     return np.interp(np.log2(np.maximum(message_bytes, 1.0)), xs, ys)
+
+
+def transformer_engine_runs(cluster: ClusterSpec) -> bool:
+    """Whether every GPU of ``cluster`` runs Transformer Engine (HardwareProfile.runs_transformer_engine)."""
+    gpus = {g.gpu for g in cluster.device_groups} or {cluster.gpu}
+    return all(load_profile(g).runs_transformer_engine() for g in sorted(gpus))

@@ -15,6 +15,9 @@ stage_imbalance    slowest / fastest pipeline stage (per micro-batch)           
 bubble             pipeline bubble / step time                                    > 5%; warn > 10%
 memory_high        peak memory of the fullest stage / usable capacity             > 85% (warn)
 memory_low         the same                                                       < 70% (info)
+recompute_gap      peak memory the run holds with selective recompute where the   dense model on
+                   stack cannot run it as priced (costmodel.rules                 Transformer
+                   selective_runs_as_priced): recompute none's                    Engine (warn)
 expert_imbalance   hottest expert rank's load over the mean (moe_imbalance)       > 1.2 (warn)
 rule_note          costmodel.rules.schedule_notes (launch settings)               always (info)
 =================  ===========================================================  ===============
@@ -55,14 +58,14 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import estimate, estimate_arrays
 from costmodel.plan import ParallelPlan, PlanArrays, even_split, node_replicas
 from costmodel.profiles import load_profile
-from costmodel.rules import divisors, schedule_notes, violations
+from costmodel.rules import divisors, schedule_notes, selective_runs_as_priced, violations
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 
 __all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", "format_findings", "neighbours",
            "predict"]
 
 FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
-                      "memory_low", "expert_imbalance", "rule_note"]
+                      "recompute_gap", "memory_low", "expert_imbalance", "rule_note"]
 
 THRESHOLDS = {
     "compute_efficiency": 0.60,   # below: finding
@@ -92,8 +95,8 @@ FIGURE = {
     "memory_low": ("memory_fraction", False),
     "expert_imbalance": ("moe_imbalance", True),
 }
-_ORDER = ("memory_high", "bubble", "stage_imbalance", "communication", "compute_efficiency", "expert_imbalance",
-          "memory_low", "rule_note")
+_ORDER = ("memory_high", "recompute_gap", "bubble", "stage_imbalance", "communication", "compute_efficiency",
+          "expert_imbalance", "memory_low", "rule_note")
 
 
 class Finding(BaseModel):
@@ -283,7 +286,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 moves.append(("replicas", {"dist_opt_instances": r2}))
 
     # The optimizer state in host memory (all of it), or back on the GPU, where the GPU's host is known.
-    from planner.space import offload_searched, optimizer_offload_known
+    from planner.space import offload_searched, optimizer_offload_known, recompute_modes
 
     if plan.optimizer_offload:
         moves.append(("optimizer offload", {"optimizer_offload": 0.0}))
@@ -292,7 +295,7 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     mbs = [m for m in (plan.micro_batch, plan.micro_batch * 2, plan.micro_batch // 2) if m >= 1]
 
     # Offloading (pp 1; violations() drops it elsewhere) where the GPU's host link is known.
-    kinds = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
+    kinds = recompute_modes(model, cluster) + (("offload",) if offload_searched(cluster) else ())
     recs = [plan.recompute] + [r for r in kinds if r != plan.recompute]
     seen = {_key(plan)}
     out: list[Candidate] = []
@@ -417,11 +420,33 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     est = est if est is not None else predict(model, cluster, plan, load, profile=prof, moe_imbalance=moe_imbalance)
     d = _Diagnosis(model, cluster, plan, est, prof, neighbours(model, cluster, plan), routing, placement, load,
                    moe_imbalance)
-    found = d.memory() + d.pipeline() + d.communication() + d.compute() + d.experts()
+    found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + d.memory() + d.pipeline()
+             + d.communication() + d.compute() + d.experts())
     for note in schedule_notes(plan):
         found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
     found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
     return found
+
+
+def _recompute_gap(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, est: StepEstimate, prof, load,
+                   moe_imbalance: float) -> list[Finding]:
+    """Selective recomputation the stack cannot run as priced (costmodel.rules.selective_runs_as_priced: a dense
+    model on megatron-core's Transformer Engine layers): the memory the run holds, which is recompute none's."""
+    if plan.recompute != "selective" or selective_runs_as_priced(model, plan.framework,
+                                                                 prof.runs_transformer_engine()):
+        return []
+    held = predict(model, cluster, plan.model_copy(update={"recompute": "none"}), load, profile=prof,
+                   moe_imbalance=moe_imbalance)
+    priced, holds = max(est.peak_memory_bytes), max(held.peak_memory_bytes)
+    cap = est.memory_capacity_bytes
+    return [Finding(kind="recompute_gap", severity="warn",
+                    message=f"selective recompute: on a dense model's Transformer Engine layers megatron-core "
+                            f"recomputes the attention core only (--recompute-modules core_attn; the LayerNorms "
+                            f"are fused into the GEMMs), so the run holds {holds / 1e9:.1f} GB, not the "
+                            f"{priced / 1e9:.1f} GB priced (capacity {cap / 1e9:.1f} GB)",
+                    suggestion="--recompute none prices what runs; full recompute or offloading frees activations "
+                               "megatron-core can free",
+                    predicted={"peak_memory_bytes": [priced, holds]})]
 
 
 class _Diagnosis:

@@ -302,9 +302,10 @@ def _check_parser() -> _Parser:
     for deg in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp"):
         ap.add_argument(f"--{deg}", type=_count, default=None if deg == "dp" else 1)
     ap.add_argument("--micro-batch", type=_count, default=1)
-    ap.add_argument("--recompute", choices=("none", "selective", "full", "offload"), default="selective",
+    ap.add_argument("--recompute", choices=("none", "selective", "full", "offload"), default=None,
                     help="activation memory: none, selective or full recomputation, or offload to host memory "
-                         "(megatron-core --cpu-offloading: pp 1, no recomputation)")
+                         "(megatron-core --cpu-offloading: pp 1, no recomputation); default selective where "
+                         "megatron-core runs it as priced (MoE models, GPUs without Transformer Engine), else none")
     ap.add_argument("--recompute-layers", type=_count0, default=None,
                     help="full recompute: layers per stage recomputed (default all); offload: layers offloaded "
                          "(default all but the last)")

@@ -39,7 +39,7 @@ from costmodel.rules import divisors, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.split import optimal_split, stage_coefficients
 from planner.search import default_cost, exhaustive
-from planner.space import MICRO_BATCHES, cp_degrees, ep_degrees, missing_host_fields
+from planner.space import MICRO_BATCHES, cp_degrees, ep_degrees, missing_host_fields, recompute_modes
 
 TP_CHOICES = (1, 2, 4, 8)
 VPP_CHOICES = (1, 2)
@@ -125,7 +125,7 @@ def _uniform(model, cluster, gcl, gbs, scorer, offload: float = 0.0) -> list[Sco
                 continue
             split = even_split(model.layers, pp)
             groups = tuple(g for g, k in zip(names, ks) for _ in range(k))
-            for mbs, rc in itertools.product(MICRO_BATCHES, ("none", "selective", "full")):
+            for mbs, rc in itertools.product(MICRO_BATCHES, recompute_modes(model, cluster)):
                 if gbs % (dp * mbs):
                     continue
                 plans.append(HeteroPlan(stage_groups=groups, stage_tp=(tp,) * pp, stage_dp=(dp,) * pp,

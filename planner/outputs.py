@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.files import Writer, write_files_atomic
-from costmodel.profiles import InputError
+from costmodel.profiles import InputError, transformer_engine_runs
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout, unroll_layout
 
@@ -349,7 +349,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
     #   group.add_argument('--global-batch-size', type=int, default=None, ...).
     f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
-    _recompute_flags(plan, f, model.layers)
+    _recompute_flags(model, plan, f, transformer_engine, fp8_recipe)
     _precision_flags(model, f, fp8_recipe)
     if model.finetune == "lora":
         # pretrain_gpt.py has no adapters: LoRA runs through Megatron-Bridge / NeMo PEFT on the same layout.
@@ -522,8 +522,10 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
                      f"{_DEFAULT_ORDER} and, with --use-tp-pp-dp-mapping, {_TP_PP_DP_ORDER})")
 
 
-def _recompute_flags(plan: ParallelPlan, f: _Flags, layers: int) -> None:
-    """Activation recomputation, or offloading (``layers``: the model's, for offloading all but the last)."""
+def _recompute_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_engine: bool,
+                     fp8_recipe: str) -> None:
+    """Activation recomputation, or offloading (of all the model's layers but the last)."""
+    layers = model.layers
     # arguments.py (generated from TransformerConfig / ModelParallelConfig): '--cpu-offloading',
     #   '--cpu-offloading-num-layers' ("the number of transformer layers for which activations has to be
     #   offloaded"); cpu_offloading_activations defaults to True, cpu_offloading_weights to False.
@@ -540,6 +542,8 @@ def _recompute_flags(plan: ParallelPlan, f: _Flags, layers: int) -> None:
     #   uniform with 1 layer per unit.
     if plan.recompute == "selective":
         f.out.append("--recompute-granularity selective")
+        if model.is_moe and transformer_engine:
+            _moe_recompute_modules(model, f, fp8_recipe)
     elif plan.recompute == "full":
         if plan.recompute_layers is None:
             f.out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
@@ -552,6 +556,31 @@ def _recompute_flags(plan: ParallelPlan, f: _Flags, layers: int) -> None:
                                  f"multiples of {plan.vpp}, or None (all)")
             f.out += ["--recompute-granularity full", "--recompute-method block",
                     f"--recompute-num-layers {plan.recompute_layers // plan.vpp}"]
+
+
+def _moe_recompute_modules(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
+    """What megatron-core can run of the selective recomputation the estimate prices (costmodel/memory.py
+    layer_activation_bytes) on a MoE model's Transformer Engine layers: the pre-MLP LayerNorm ("layernorm") and
+    the experts' activation ("moe_act") besides the attention core (costmodel.rules.selective_runs_as_priced).
+    A dense layer has nothing more to recompute selectively (its LayerNorms are fused into the GEMMs), so it
+    gets the default core_attn, and the planner does not offer it selective."""
+    # megatron-core 0.16.1 transformer_config.py: recompute_modules choices "core_attn", "moe_act", "layernorm",
+    #   "mla_up_proj", "mlp", "moe", "shared_experts" (default ["core_attn"]); "moe_act in recompute_modules is
+    #   only supported with moe_grouped_gemm"; with fp8 "Delayed scaling does not support moe_act and layernorm
+    #   recompute for fp8". arguments.py: '--recompute-modules', nargs='*'.
+    if model.precision == "fp8" and fp8_recipe == "delayed":
+        f.notes.append("# --recompute-modules layernorm moe_act left out: megatron-core refuses them with "
+                       "--fp8-recipe delayed, and the estimate counts the pre-MLP LayerNorm and the experts' "
+                       "activation recomputed (more memory than planned: use --fp8-recipe tensorwise or full "
+                       "recompute)")
+        return
+    modules = ["core_attn", "layernorm"]
+    if _grouped_gemm_issue(model, True) is None:
+        modules.append("moe_act")
+    else:
+        f.notes.append("# moe_act left out of --recompute-modules: megatron-core recomputes the experts' activation "
+                       "only with --moe-grouped-gemm, which needs --bf16 (the estimate counts it recomputed)")
+    f.out.append("--recompute-modules " + " ".join(modules))
 
 
 def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
@@ -616,19 +645,19 @@ def _flag_map(tokens: list[str]) -> dict[str, str | None]:
     while i < len(tokens) and not tokens[i].startswith("--"):
         i += 1  # a leading entry script (pretrain_gpt.py) or launcher word
     while i < len(tokens):
-        tok = tokens[i]
-        if not tok.startswith("--"):
-            raise InputError(f"Megatron arguments: unexpected value {tok!r} without a flag before it")
+        tok = tokens[i]   # a flag: the values after one are taken with it
         if "=" in tok:
             name, value = tok.split("=", 1)
             flags[name] = value
             i += 1
-        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-            flags[tok] = tokens[i + 1]
-            i += 2
         else:
-            flags[tok] = None
-            i += 1
+            # A flag's values run to the next flag: one for most, several for Megatron's nargs='*' flags
+            # (--recompute-modules core_attn layernorm moe_act, --data-path).
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            flags[tok] = " ".join(tokens[i + 1:j]) if j > i + 1 else None
+            i = j
     return flags
 
 
@@ -1151,14 +1180,6 @@ srun --het-group={",".join(str(i) for i in range(len(binds)))} --kill-on-bad-exi
 
 
 # Writing ----------------------------------------------------------------------------------------
-def transformer_engine_runs(cluster: ClusterSpec) -> bool:
-    """Whether every GPU of ``cluster`` runs Transformer Engine (HardwareProfile.runs_transformer_engine)."""
-    from costmodel.profiles import load_profile
-
-    gpus = {g.gpu for g in cluster.device_groups} or {cluster.gpu}
-    return all(load_profile(g).runs_transformer_engine() for g in sorted(gpus))
-
-
 def _jsonable(obj: Any) -> Any:
     if obj is None:
         return None

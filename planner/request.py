@@ -296,6 +296,15 @@ class CheckTarget:
     """The Megatron layout string of that split, or None."""
 
 
+def _default_recompute(model, cluster) -> str:
+    """plan check's recompute when none is named: selective where megatron-core runs what the estimate prices
+    for it, else none (a dense model on Transformer Engine, where megatron-core's selective frees nothing)."""
+    from costmodel.profiles import transformer_engine_runs
+    from costmodel.rules import selective_runs_as_priced
+
+    return "selective" if selective_runs_as_priced(model, "megatron-core", transformer_engine_runs(cluster)) else "none"
+
+
 @dataclass(frozen=True)
 class CheckRequest(PlanRequest):
     """One layout to predict and check (plan check); degrees and knobs as the flags give them."""
@@ -310,7 +319,9 @@ class CheckRequest(PlanRequest):
     ep: int = 1
     etp: int = 1
     micro_batch: int = 1
-    recompute: str = "selective"
+    recompute: str | None = None
+    """None: selective where megatron-core runs it as priced (costmodel.rules.selective_runs_as_priced), else
+    none."""
     recompute_layers: int | None = None
     no_sequence_parallel: bool = False
     no_distributed_optimizer: bool = False
@@ -346,9 +357,10 @@ class CheckRequest(PlanRequest):
         gbs = self.global_batch_for(model, cluster)
         zero = self.zero()
         vpp, lps, layout = self.split(model)
+        recompute = self.recompute or _default_recompute(model, cluster)
         plan = ParallelPlan(tp=self.tp, pp=self.pp, vpp=vpp, dp=dp, cp=self.cp, ep=self.ep, etp=self.etp,
                             sequence_parallel=not self.no_sequence_parallel, micro_batch=self.micro_batch,
-                            global_batch=gbs, recompute=self.recompute, recompute_layers=self.recompute_layers,
+                            global_batch=gbs, recompute=recompute, recompute_layers=self.recompute_layers,
                             distributed_optimizer=zero >= 1, zero_stage=zero, layers_per_stage=lps,
                             dist_opt_instances=self.dist_opt_instances, moe_a2a_overlap=self.moe_a2a_overlap,
                             optimizer_offload=self.optimizer_offload)

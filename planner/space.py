@@ -27,7 +27,8 @@ import itertools
 import numpy as np
 
 from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel, layout_label
-from costmodel.rules import divisors, valid_mask
+from costmodel.profiles import transformer_engine_runs
+from costmodel.rules import divisors, selective_runs_as_priced, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -86,6 +87,14 @@ def optimizer_offload_known(cluster: ClusterSpec) -> bool:
     return not missing_host_fields(cluster.gpu)
 
 
+def recompute_modes(model: ModelSpec, cluster: ClusterSpec) -> tuple[str, ...]:
+    """The recompute settings a search tries (before offloading): none, selective and full, selective only where
+    megatron-core runs what the estimate prices (costmodel.rules.selective_runs_as_priced): on a dense model's
+    Transformer Engine layers it frees nothing, and the plan would hold recompute none's memory."""
+    sel = selective_runs_as_priced(model, "megatron-core", transformer_engine_runs(cluster))
+    return ("none", "selective", "full") if sel else ("none", "full")
+
+
 def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
                       micro_batches: tuple[int, ...] = MICRO_BATCHES,
                       recompute: tuple[str, ...] | None = None,
@@ -98,7 +107,7 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
     (megatron-core --optimizer-cpu-offload --optimizer-offload-fraction F), so only sharded ones (ZeRO stage >= 1)
     are built."""
     if recompute is None:
-        recompute = ("none", "selective", "full") + (("offload",) if offload_searched(cluster) else ())
+        recompute = recompute_modes(model, cluster) + (("offload",) if offload_searched(cluster) else ())
     bad = sorted(set(zero_stages) - {0, 1, 2, 3})
     if bad or not zero_stages:
         from costmodel.profiles import InputError

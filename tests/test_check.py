@@ -320,8 +320,10 @@ def test_one_f_one_b_timeline_matches_closed_form():
 
 
 # plan check with an explicit split / Megatron layout -----------------------------------------------------------
+# Full recompute: at 8k tokens the layout holds 81.9 of 81.6 GB without (megatron-core's selective frees nothing
+# on a dense Transformer Engine model, costmodel.rules.selective_runs_as_priced).
 LLAMA3_405B = ["check", "--model", "405b", "--cluster", "h100x16384", "--tp", "8", "--pp", "16", "--micro-batch", "1",
-               "--global-batch", "2048", "--seq-len", "8192"]
+               "--global-batch", "2048", "--seq-len", "8192", "--recompute", "full"]
 LLAMA3_SPLIT = (7,) + (8,) * 14 + (7,)
 
 
@@ -398,3 +400,32 @@ def test_check_layout_with_empty_edge_stages(capsys):
     stage_s = out["estimate"]["stage_time_s"]
     assert stage_s[0] < 0.05 * stage_s[1] and stage_s[-1] < 0.1 * stage_s[1]
     assert "stage_imbalance" in [f["kind"] for f in out["findings"]]
+
+
+def test_selective_on_a_dense_transformer_engine_model_warns_with_the_memory_it_holds(llama70b, h100x512):
+    # megatron-core's selective on a dense model's Transformer Engine layers is core_attn alone (the LayerNorms
+    # are fused into the GEMMs): the run holds recompute none's memory, which the warning names.
+    plan = ParallelPlan(tp=2, pp=1, dp=256, global_batch=512, zero_stage=3, recompute="selective")
+    priced = max(estimate(llama70b, h100x512, plan).peak_memory_bytes)
+    holds = max(estimate(llama70b, h100x512, plan.model_copy(update={"recompute": "none"})).peak_memory_bytes)
+    assert holds > 1.3 * priced   # 104 GB against the 73 GB the op-level selective prices
+    gap = _one(diagnose(llama70b, h100x512, plan), "recompute_gap")
+    assert gap.severity == "warn" and f"holds {holds / 1e9:.1f} GB" in gap.message
+    assert gap.predicted["peak_memory_bytes"] == [priced, holds]
+    # a MoE model (layernorm / moe_act modules) and a GPU without Transformer Engine get no such finding
+    moe = get_model("mixtral-8x7b")
+    moe_plan = ParallelPlan(tp=2, pp=1, dp=256, ep=8, etp=1, global_batch=512, recompute="selective")
+    assert not [f for f in diagnose(moe, h100x512, moe_plan) if f.kind == "recompute_gap"]
+    v100 = load_cluster("v100-dgx2x64")
+    small = get_model("7b", precision="fp16")
+    v_plan = ParallelPlan(tp=8, pp=1, dp=v100.num_gpus // 8, global_batch=v100.num_gpus // 8, recompute="selective")
+    assert not [f for f in diagnose(small, v100, v_plan) if f.kind == "recompute_gap"]
+
+
+def test_the_search_offers_selective_only_where_megatron_core_runs_it(llama70b, h100x512, search70b):
+    from planner.space import recompute_modes
+
+    assert recompute_modes(llama70b, h100x512) == ("none", "full")
+    assert recompute_modes(get_model("mixtral-8x7b"), h100x512) == ("none", "selective", "full")
+    assert recompute_modes(llama70b, load_cluster("v100-dgx2x64")) == ("none", "selective", "full")
+    assert {to_plan(search70b.plans, int(i)).recompute for i in search70b.order[:50]} <= {"none", "full", "offload"}

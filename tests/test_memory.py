@@ -184,3 +184,30 @@ def test_megatron_lm_2020_fp16_keeps_and_all_reduces_fp16_gradients():
     bf16 = estimate_arrays(model.model_copy(update={"precision": "bf16"}), cluster, plans, profile=prof,
                            framework="megatron-lm-2020")
     assert bf16["grads_bytes"][0] == pytest.approx(new["grads_bytes"][0], rel=1e-9)
+
+
+
+def _layer(model: ModelSpec, recompute: int) -> float:
+    return float(memory.layer_activation_bytes(model, 8192, 8, True, recompute, True, False, False))
+
+
+def test_selective_with_flash_recomputes_the_layernorm_outputs_and_the_activation():
+    # An op-level selective checkpoint: the QKV and FC1 inputs (LayerNorm outputs, 2 x 2h bytes) and the
+    # activation output (2f) are recomputed; megatron-core runs this only in part (costmodel.rules
+    # selective_runs_as_priced), which the planner and plan check take into account.
+    from costmodel.catalog import get_model
+
+    m = get_model("70b")
+    assert _layer(m, 0) - _layer(m, 1) == pytest.approx(8192 * (2 * 2 * m.hidden + 2 * m.ffn_hidden) / 8)
+
+
+def test_dropout_masks_follow_the_models_dropout():
+    # Dropout masks only where the model trains with dropout (GPT-3: 0.1), not by its MLP's shape (Nemotron-4's
+    # ungated squared-ReLU MLP trains without): one byte per element after the attention and after the MLP
+    # (Korthikanti et al. 2022 Table 2), divided by t with sequence parallelism.
+    from costmodel.catalog import get_model
+
+    gpt3 = get_model("gpt3-175b")
+    no_drop = gpt3.model_copy(update={"hidden_dropout": 0.0})
+    assert gpt3.hidden_dropout > 0
+    assert _layer(gpt3, 0) - _layer(no_drop, 0) == pytest.approx(8192 * 2 * gpt3.hidden / 8)

@@ -144,7 +144,7 @@ def test_nearest_unseen_moves_an_invalid_fsdp_proposal_to_a_valid_one(m70):
     space = search_space(m70, H100, 512)
     obj = Objective(space, None, ("time",), "categorical", penalise=False)
     bad = {"nodes": H100.nodes, "tp": 8, "cp": 1, "pp": 4, "vpp": 1, "ep": 1, "micro_batch": 1,
-           "recompute": "selective", "zero_stage": 3}
+           "recompute": "none", "zero_stage": 3}
     key = obj.key_of(bad)
     assert key[1:] not in space.index[H100.nodes]
     cfg = obj.nearest_unseen(key, set(), np.random.default_rng(0))
@@ -195,7 +195,7 @@ def test_invalid_fsdp_trial_is_not_scored(m70):
     space = search_space(m70, H100, 512)
     obj = Objective(space, cost, ("time",), "categorical", penalise=False)
     ev = obj.evaluate({"nodes": H100.nodes, "tp": 8, "cp": 1, "pp": 4, "vpp": 1, "ep": 1, "micro_batch": 1,
-                       "recompute": "selective", "zero_stage": 3})
+                       "recompute": "none", "zero_stage": 3})
     assert not ev["valid"] and not calls
     assert any("Megatron-FSDP" in m and "pp=4" in m for m in ev["violations"])
 
@@ -227,7 +227,7 @@ def test_fsdp_flags_round_trip(big405, zero):
 
 def test_plan_check_zero_stage(capsys):
     argv = ["check", "--model", "70b", "--cluster", "h100x512.yaml", "--tp", "2", "--pp", "1", "--zero-stage", "3",
-            "--json"]
+            "--recompute", "full", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan"]["zero_stage"] == 3 and out["plan"]["distributed_optimizer"] and out["plan"]["dp"] == 256

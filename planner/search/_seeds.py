@@ -27,7 +27,8 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
     sharded optimizer states take at most 60% of a GPU (leaving room for activations), and the next deeper
     one (depths that do not divide the layers take the uneven split of ``planner.space``); vpp the largest
     divisor of the layers per stage that keeps at least 4 layers per chunk (1 for uneven splits); micro-batch
-    1; selective recompute; ep = min(8, experts) for MoE models; ZeRO-1 (distributed optimizer). Then
+    1; selective recompute where the space has it (else none: planner.space leaves selective out where the stack
+    cannot run it as priced); ep = min(8, experts) for MoE models; ZeRO-1 (distributed optimizer). Then
     Megatron-FSDP (ZeRO-3, pp 1, cp 1) at the two smallest of those tp, as Megatron-Bridge's FSDP recipes run
     (Llama 3 70B on GB200/GB300: tp1 pp1, data/validation/published_runs.csv); the first FSDP seed comes
     second, after the recipe's best guess, so that short studies try both kinds of layout.
@@ -45,6 +46,7 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
     tps = [t for t in (top_tp, top_tp // 2, top_tp // 4, top_tp * 2) if t in ch["tp"]]
     cps = [c for c in ((1, 2) if m.seq_len >= 8192 else (1,)) if c in ch["cp"]]
     ep = max([e for e in ch["ep"] if e <= 8] or [1])
+    rc = RECOMPUTE_CODE["selective" if "selective" in ch["recompute"] else "none"]
     seeds, seen = [], set()
     index = space.index[nodes]
     for cp in cps:
@@ -63,7 +65,7 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
                 vpps = ([v for v in ch["vpp"] if per_stage % v == 0 and per_stage // v >= MIN_LAYERS_PER_CHUNK]
                         if p > 1 and even else [])
                 for vpp in sorted(vpps, reverse=True) + [1]:
-                    key = (tp, cp, p, vpp, ep if m.is_moe else 1, 1, RECOMPUTE_CODE["selective"], 1)
+                    key = (tp, cp, p, vpp, ep if m.is_moe else 1, 1, rc, 1)
                     if key in index:
                         if key not in seen:
                             seen.add(key)
@@ -71,7 +73,7 @@ def expert_seeds(space: SearchSpace, limit: int = 12) -> list[dict]:
                         break
     # Best guesses first: the largest tp (recipe), cp=2 / cp=1 interleaved.
     seeds.sort(key=lambda k: (tps.index(k[0]), k[2], k[1]))
-    fsdp = [k for k in ((tp, 1, 1, 1, ep if m.is_moe else 1, 1, RECOMPUTE_CODE["selective"], FSDP_STAGE)
+    fsdp = [k for k in ((tp, 1, 1, 1, ep if m.is_moe else 1, 1, rc, FSDP_STAGE)
                         for tp in sorted(tps)) if k in index][:FSDP_SEEDS]
     keys = seeds[:1] + fsdp[:1] + seeds[1: max(1, limit - len(fsdp))] + fsdp[1:]
     out = []

@@ -30,6 +30,7 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     from costmodel.plan import megatron_layout
+    from costmodel.rules import moe_recompute_modules
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     kw: dict[str, Any] = dict(
@@ -66,6 +67,12 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
                   recompute_num_layers=1 if layers is None else max(1, layers))
     elif plan.recompute == "selective":
         kw.update(recompute_granularity="selective")
+        if model.is_moe and _transformer_engine():
+            # As the planner's --recompute-modules (no fp8 here: fp8 recipes train in bf16), with the grouped GEMM
+            # the run has. Without Transformer Engine (the local layers of CPU runs) megatron-core's output-
+            # discarding recompute of layernorm / moe_act does not run, and selective stays core_attn.
+            grouped = overrides.get("moe_grouped_gemm", kw.get("moe_grouped_gemm", False))
+            kw["recompute_modules"] = moe_recompute_modules(grouped_gemm=grouped, fp8_delayed=False)
     elif plan.recompute == "offload":
         # megatron-core ModelParallelConfig.cpu_offloading (activations, through Transformer Engine's offload
         # context); at most all layers but the last.
@@ -82,6 +89,15 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return cls(**kw)
+
+
+def _transformer_engine() -> bool:
+    """Whether Transformer Engine is installed (the layers are then its modules, as build_chunks picks them)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _architecture(model: ModelSpec) -> dict[str, Any]:
@@ -185,14 +201,13 @@ def build_chunks(model: ModelSpec, plan: ParallelPlan, config, *, vocab_size: in
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    try:
-        import transformer_engine  # noqa: F401
+    if _transformer_engine():
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         spec = get_gpt_layer_with_transformer_engine_spec(model.num_experts or None,
                                                           moe_grouped_gemm=config.moe_grouped_gemm,
                                                           qk_layernorm=config.qk_layernorm)
-    except ImportError:
+    else:
         spec = get_gpt_layer_local_spec(model.num_experts or None, moe_grouped_gemm=config.moe_grouped_gemm,
                                         qk_layernorm=config.qk_layernorm, normalization=config.normalization)
         spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention()

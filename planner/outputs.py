@@ -29,6 +29,7 @@ from typing import Any
 
 from costmodel.files import Writer, write_files_atomic
 from costmodel.profiles import InputError, transformer_engine_runs
+from costmodel.rules import moe_recompute_modules
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout, unroll_layout
 
@@ -565,19 +566,18 @@ def _moe_recompute_modules(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None
     A dense layer has nothing more to recompute selectively (its LayerNorms are fused into the GEMMs), so it
     gets the default core_attn, and the planner does not offer it selective."""
     # megatron-core 0.16.1 transformer_config.py: recompute_modules choices "core_attn", "moe_act", "layernorm",
-    #   "mla_up_proj", "mlp", "moe", "shared_experts" (default ["core_attn"]); "moe_act in recompute_modules is
-    #   only supported with moe_grouped_gemm"; with fp8 "Delayed scaling does not support moe_act and layernorm
-    #   recompute for fp8". arguments.py: '--recompute-modules', nargs='*'.
-    if model.precision == "fp8" and fp8_recipe == "delayed":
+    #   "mla_up_proj", "mlp", "moe", "shared_experts" (default ["core_attn"]); arguments.py: '--recompute-modules',
+    #   nargs='*'.
+    delayed = model.precision == "fp8" and fp8_recipe == "delayed"
+    grouped = _grouped_gemm_issue(model, True) is None
+    modules = moe_recompute_modules(grouped, delayed)
+    if delayed:
         f.notes.append("# --recompute-modules layernorm moe_act left out: megatron-core refuses them with "
                        "--fp8-recipe delayed, and the estimate counts the pre-MLP LayerNorm and the experts' "
                        "activation recomputed (more memory than planned: use --fp8-recipe tensorwise or full "
                        "recompute)")
         return
-    modules = ["core_attn", "layernorm"]
-    if _grouped_gemm_issue(model, True) is None:
-        modules.append("moe_act")
-    else:
+    if not grouped:
         f.notes.append("# moe_act left out of --recompute-modules: megatron-core recomputes the experts' activation "
                        "only with --moe-grouped-gemm, which needs --bf16 (the estimate counts it recomputed)")
     f.out.append("--recompute-modules " + " ".join(modules))

@@ -33,6 +33,9 @@ LAYOUTS = {
     "dp2-distopt": ("tiny-gpt", dict(dp=2, distributed_optimizer=True)),
     "tp2-pp2-sp": ("tiny-gpt", dict(tp=2, pp=2, sequence_parallel=True)),
     "ep2": ("tiny-moe", dict(dp=2, ep=2)),
+    # selective on a MoE model recomputes the pre-MLP LayerNorm and the experts' activation (as the planner's
+    # --recompute-modules core_attn layernorm moe_act): the same numbers
+    "ep2-selective": ("tiny-moe", dict(dp=2, ep=2, recompute="selective")),
 }
 
 

@@ -804,14 +804,12 @@ def selective_runs_as_priced(model: ModelSpec, framework: str, transformer_engin
     return framework != "megatron-core" or not transformer_engine or model.is_moe
 
 
-def moe_recompute_modules(grouped_gemm: bool, fp8_delayed: bool) -> list[str]:
+def moe_recompute_modules(grouped_gemm: bool) -> list[str]:
     """megatron-core's ``recompute_modules`` for a MoE model's selective recomputation on Transformer Engine:
     what it can run of the estimate's (:func:`selective_runs_as_priced`), the attention core, the pre-MLP
     LayerNorm and the experts' activation. megatron-core 0.16.1 transformer_config.py: "moe_act in
     recompute_modules is only supported with moe_grouped_gemm"; with fp8 "Delayed scaling does not support moe_act
-    and layernorm recompute for fp8"."""
-    if fp8_delayed:
-        return ["core_attn"]
+    and layernorm recompute for fp8" (a delayed-scaling run keeps the default core_attn)."""
     return ["core_attn", "layernorm"] + (["moe_act"] if grouped_gemm else [])
 
 

@@ -72,7 +72,7 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
             # the run has. Without Transformer Engine (the local layers of CPU runs) megatron-core's output-
             # discarding recompute of layernorm / moe_act does not run, and selective stays core_attn.
             grouped = overrides.get("moe_grouped_gemm", kw.get("moe_grouped_gemm", False))
-            kw["recompute_modules"] = moe_recompute_modules(grouped_gemm=grouped, fp8_delayed=False)
+            kw["recompute_modules"] = moe_recompute_modules(grouped_gemm=grouped)
     elif plan.recompute == "offload":
         # megatron-core ModelParallelConfig.cpu_offloading (activations, through Transformer Engine's offload
         # context); at most all layers but the last.

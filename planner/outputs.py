@@ -568,19 +568,17 @@ def _moe_recompute_modules(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None
     # megatron-core 0.16.1 transformer_config.py: recompute_modules choices "core_attn", "moe_act", "layernorm",
     #   "mla_up_proj", "mlp", "moe", "shared_experts" (default ["core_attn"]); arguments.py: '--recompute-modules',
     #   nargs='*'.
-    delayed = model.precision == "fp8" and fp8_recipe == "delayed"
-    grouped = _grouped_gemm_issue(model, True) is None
-    modules = moe_recompute_modules(grouped, delayed)
-    if delayed:
+    if model.precision == "fp8" and fp8_recipe == "delayed":
         f.notes.append("# --recompute-modules layernorm moe_act left out: megatron-core refuses them with "
                        "--fp8-recipe delayed, and the estimate counts the pre-MLP LayerNorm and the experts' "
                        "activation recomputed (more memory than planned: use --fp8-recipe tensorwise or full "
                        "recompute)")
         return
+    grouped = _grouped_gemm_issue(model, True) is None
     if not grouped:
         f.notes.append("# moe_act left out of --recompute-modules: megatron-core recomputes the experts' activation "
                        "only with --moe-grouped-gemm, which needs --bf16 (the estimate counts it recomputed)")
-    f.out.append("--recompute-modules " + " ".join(modules))
+    f.out.append("--recompute-modules " + " ".join(moe_recompute_modules(grouped)))
 
 
 def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:

@@ -299,10 +299,9 @@ class CheckTarget:
 def _default_recompute(model, cluster) -> str:
     """plan check's recompute when none is named: selective where megatron-core runs what the estimate prices
     for it, else none (a dense model on Transformer Engine, where megatron-core's selective frees nothing)."""
-    from costmodel.profiles import transformer_engine_runs
-    from costmodel.rules import selective_runs_as_priced
+    from planner.space import recompute_modes
 
-    return "selective" if selective_runs_as_priced(model, "megatron-core", transformer_engine_runs(cluster)) else "none"
+    return "selective" if "selective" in recompute_modes(model, cluster) else "none"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from costmodel import comm, compute, memory, pipeline, scale
+from costmodel import comm, compute, memory, pipeline, rules, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
@@ -513,9 +513,13 @@ def _layer_activation_bytes(c: SimpleNamespace, recompute=None) -> tuple[np.ndar
     (costmodel.memory.layer_activation_bytes) with the plans' ``recompute`` codes; None: without recomputation."""
     model, fw, n = c.model, c.fw, c.n
     rc = np.zeros(n) if recompute is None else recompute
-    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, rc, fw["flash"], False, c.fp8)
+    # A MoE model's selective on megatron-core's Transformer Engine layers: the --recompute-modules the
+    # planner writes (grouped GEMM, hence moe_act, only with bf16 parameters).
+    te_layers = c.framework == "megatron-core" and c.prof.kind != "host" and c.prof.runs_transformer_engine()
+    te = dict(te_moe_modules=te_layers, grouped_gemm=rules.grouped_gemm_issue(model, te_layers) is None)
+    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, rc, fw["flash"], False, c.fp8, **te)
     moe = (memory.layer_activation_bytes(model, c.tokens * c.moe_imbalance, c.tp, c.sp, rc, fw["flash"], True,
-                                         c.fp8) if model.is_moe else np.zeros(n))
+                                         c.fp8, **te) if model.is_moe else np.zeros(n))
     return dense, moe
 
 

@@ -81,7 +81,8 @@ def optimizer_state_bytes(precision: str) -> float:
 
 
 def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, moe: bool,
-                           fp8: bool = False) -> np.ndarray:
+                           fp8: bool = False, te_moe_modules: bool = False,
+                           grouped_gemm: bool = True) -> np.ndarray:
     """Activation bytes one layer keeps for backward, per micro-batch, on one rank.
 
     ``tokens`` = micro_batch * seq_len / cp (the rank's share of the sequence); ``recompute`` codes:
@@ -91,12 +92,22 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     instead of storing them, as an op-level selective checkpoint does (torchtitan's "op" mode saves the matmul
     outputs and recomputes the element-wise ops). megatron-core's Transformer Engine layers do part of it
     (``--recompute-modules``): a MoE layer's pre-MLP LayerNorm ("layernorm") and its experts' activation
-    ("moe_act"), not the LayerNorms fused into the dense GEMMs nor a dense MLP's activation; so the planner
-    offers selective only where that part is most of it (planner/space.py) and ``plan check`` says so
-    (planner/check.py). Without flash attention selective recompute removes the 5*a*s^2*b score terms
+    ("moe_act"), priced so with ``te_moe_modules``, not the LayerNorms fused into the dense GEMMs nor a dense
+    MLP's activation; so the planner does not offer selective to a dense model there (planner/space.py) and
+    ``plan check`` says so (planner/check.py). Without flash attention selective recompute removes the 5*a*s^2*b score terms
     (Korthikanti Sec. 4.2). Dropout masks (1 byte an element, after the attention and MLP blocks) only where
     the model trains with ``hidden_dropout``. With fp8 (Transformer Engine) the GEMM inputs are kept as fp8
     copies, 1 byte per element.
+
+    ``te_moe_modules``: a MoE model's selective runs as megatron-core 0.16.1 runs ``--recompute-modules
+    core_attn layernorm moe_act`` on Transformer Engine layers (costmodel.rules.moe_recompute_modules), not op
+    by op. transformer_layer.py recomputes a LayerNorm only where it is a module of its own: the pre-MLP one of
+    a MoE layer (gpt_layer_specs.py: ``backend.layer_norm() if num_experts``) and, with multi-latent attention,
+    the input one (MLASelfAttention's projections take no fused LayerNorm); elsewhere it is fused into the QKV or
+    FC1 GEMM (IdentityOp), which keeps its input. moe_act recomputes the routed experts' activation, only with
+    the grouped GEMM (``grouped_gemm``; megatron-core needs --bf16 for it); the shared experts' activation is
+    kept ("shared_experts" recomputes the whole shared MLP, not written). A dense layer of such a model (the
+    first layers of DeepSeek-V3) has only the MLA input LayerNorm to recompute.
     """
     tokens = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
@@ -109,20 +120,26 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     mask = 1.0 if model.hidden_dropout > 0 else 0.0
     gate = 2 if model.gated_mlp else 1
     ln_in = 2 * h + 2 * h                            # inputs of the two LayerNorms (residual stream)
-    ln_out = np.where(sel, 0.0, gin * h + gin * h)   # QKV input and FC1 input
+    te = te_moe_modules and model.is_moe
+    # QKV input and FC1 (router) input, each freed where selective recomputes its LayerNorm
+    qkv_ln = np.where(sel & (not te or bool(model.mla_kv_lora_rank)), 0.0, gin * h)
+    mlp_ln = np.where(sel & (not te or moe), 0.0, gin * h)
+    ln_out = qkv_ln + mlp_ln
     repl = ln_in + ln_out + 2 * mask * h
     split = 2 * dims["qkv_out"] + gin * dims["o_in"]
     if moe:
         k = model.moe_topk
         fe = model.expert_ffn
         act_out = np.where(sel, 0.0, gin * fe)
-        routed = k * (gin * h + 2 * fe * gate + act_out)
-        shared = model.shared_experts * (2 * fe * gate + act_out)
+        routed_act = np.where(sel & (not te or grouped_gemm), 0.0, gin * fe)
+        shared_act = gin * fe if te else act_out
+        routed = k * (gin * h + 2 * fe * gate + routed_act)
+        shared = model.shared_experts * (2 * fe * gate + shared_act)
         split_moe = routed + shared + 2 * h + 4 * model.num_experts
         per_token = np.where(sp, (repl + split) / t, repl + split / t) + split_moe / t
     else:
         f = model.ffn_hidden
-        act_out = np.where(sel, 0.0, gin * f)
+        act_out = np.where(sel & (not te), 0.0, gin * f)
         split = split + 2 * f * gate + act_out
         per_token = np.where(sp, (repl + split) / t, repl + split / t)
     act = tokens * per_token

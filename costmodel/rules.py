@@ -88,6 +88,12 @@ MASK_KEYS = (*DEGREES, "micro_batch", "global_batch", "sequence_parallel", "unev
 """Columns :func:`valid_mask` reads (missing ones take the ParallelPlan defaults)."""
 
 RANK_ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")
+# Python's garbage collector off, run by hand every this many steps on every rank at once (Megatron-LM --manual-gc
+# --manual-gc-interval: "Manual garbage collection helps to align the timing of the collection across ranks which
+# mitigates the impact of CPU-associated jitters"). NVIDIA's Megatron-Bridge performance recipes, whose runs the
+# shipped profiles are fitted to, set manual_gc=True and manual_gc_interval=100 for every benchmark
+# (scripts/performance recipes' _benchmark_common); the planner's flags and the executor do the same.
+MANUAL_GC_INTERVAL_STEPS = 100
 """Tokens Megatron's RankGenerator accepts in a rank order string."""
 
 
@@ -795,13 +801,24 @@ def selective_runs_as_priced(model: ModelSpec, framework: str, transformer_engin
 
     megatron-core on Transformer Engine runs it through ``--recompute-modules`` (megatron-core 0.16.1
     transformer_config.py): a MoE layer's pre-MLP LayerNorm ("layernorm") and experts' activation ("moe_act"),
-    which planner/outputs.py writes. A dense layer's LayerNorms are fused into its QKV and FC1 GEMMs
+    which planner/outputs.py writes and the estimate prices for a MoE model there (``te_moe_modules``). A dense layer's LayerNorms are fused into its QKV and FC1 GEMMs
     (gpt_layer_specs.py: input_layernorm and pre_mlp_layernorm are IdentityOp) and no module recomputes a dense
     MLP's activation alone ("mlp" recomputes the whole MLP), so its selective is the default core_attn, which
     frees nothing flash attention keeps: the run holds what recompute 'none' holds. Without Transformer Engine
     (local layers, attention unfused) selective is the attention-core recompute of Korthikanti et al. and the
     estimate prices that. Other stacks checkpoint op by op (torchtitan's selective "op" mode)."""
     return framework != "megatron-core" or not transformer_engine or model.is_moe
+
+
+def grouped_gemm_issue(model: ModelSpec, transformer_engine: bool) -> str | None:
+    """Why megatron-core cannot run a MoE model's experts as a grouped GEMM (None: it can). Megatron-LM
+    validate_args: "assert args.bf16, 'Currently GroupedGEMM for MoE only supports bf16 dtype.'" and
+    "assert dc[0] >= 8, 'Unsupported compute capability for GroupedGEMM kernels.'" (fp8/fp4 run with --bf16)."""
+    if model.precision in ("fp16", "fp32"):
+        return f"Megatron's grouped GEMM needs --bf16, the plan trains in {model.precision}"
+    if not transformer_engine:
+        return "Megatron's grouped GEMM needs compute capability 8.0"
+    return None
 
 
 def moe_recompute_modules(grouped_gemm: bool) -> list[str]:

@@ -15,6 +15,8 @@ restart resumes from the newest one whose shards match (``executor.checkpoints``
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import resource
@@ -27,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from costmodel.plan import ParallelPlan
+from costmodel.rules import MANUAL_GC_INTERVAL_STEPS
 from costmodel.specs import ModelSpec
 from executor.checkpoints import disk_error, write_atomic
 
@@ -353,40 +356,43 @@ def train(args: argparse.Namespace, after_step: Callable[[int], None] | None = N
     tokens_per_step = plan.global_batch * model.seq_len
     last_stage_reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0 \
         and ps.get_context_parallel_rank() == 0
-    for step in range(start, args.steps):
-        t0 = time.perf_counter()
-        timing["forward_s"] = 0.0
-        for c in chunks:
-            c.zero_grad_buffer()
-        optimizer.zero_grad()
-        its = [microbatches(source, step=step, global_batch=plan.global_batch, dp=dp, dp_rank=dp_rank,
-                            micro_batch=plan.micro_batch) for _ in chunks]
-        losses = fwd_bwd(forward_step_func=forward_step, data_iterator=its if len(its) > 1 else its[0],
-                         model=chunks, num_microbatches=plan.num_microbatches, seq_length=model.seq_len,
-                         micro_batch_size=plan.micro_batch, forward_only=False)
-        t1 = time.perf_counter()
-        _, grad_norm, _ = optimizer.step()
-        t2 = time.perf_counter()
-        loss = float(np.mean([x["lm loss"].item() for x in losses])) if last_stage_reporter and losses else 0.0
-        loss_sum, = _reduce([loss / dp if last_stage_reporter else 0.0], "sum")
-        step_time, fwd, peak = _reduce([t2 - t0, timing["forward_s"], _peak_memory_bytes()], "max")
-        record = {"step": step + 1, "loss": loss_sum, "grad_norm": float(grad_norm or 0.0),
-                  "step_time_s": step_time, "forward_s": fwd, "backward_s": max(0.0, (t1 - t0) - fwd),
-                  "optimizer_s": t2 - t1, "tokens_per_s": tokens_per_step / step_time,
-                  "peak_memory_bytes": peak, "memory_source": "cuda_allocator" if cuda else "process_rss"}
-        if counter is not None:
-            dup = 1 if config.sequence_parallel else plan.tp
-            record["routing_counts"] = counter.step_counts(dup * plan.cp)
-        if rank == 0:
-            try:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-            except OSError as exc:
-                raise disk_error(exc, metrics_path, "metrics") from None
-        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            save_checkpoint(run_dir, step + 1, chunks, optimizer, plan)
-        if after_step is not None:
-            after_step(step + 1)
+    with _manual_gc():
+        for step in range(start, args.steps):
+            t0 = time.perf_counter()
+            timing["forward_s"] = 0.0
+            for c in chunks:
+                c.zero_grad_buffer()
+            optimizer.zero_grad()
+            its = [microbatches(source, step=step, global_batch=plan.global_batch, dp=dp, dp_rank=dp_rank,
+                                micro_batch=plan.micro_batch) for _ in chunks]
+            losses = fwd_bwd(forward_step_func=forward_step, data_iterator=its if len(its) > 1 else its[0],
+                             model=chunks, num_microbatches=plan.num_microbatches, seq_length=model.seq_len,
+                             micro_batch_size=plan.micro_batch, forward_only=False)
+            t1 = time.perf_counter()
+            _, grad_norm, _ = optimizer.step()
+            t2 = time.perf_counter()
+            loss = float(np.mean([x["lm loss"].item() for x in losses])) if last_stage_reporter and losses else 0.0
+            loss_sum, = _reduce([loss / dp if last_stage_reporter else 0.0], "sum")
+            step_time, fwd, peak = _reduce([t2 - t0, timing["forward_s"], _peak_memory_bytes()], "max")
+            record = {"step": step + 1, "loss": loss_sum, "grad_norm": float(grad_norm or 0.0),
+                      "step_time_s": step_time, "forward_s": fwd, "backward_s": max(0.0, (t1 - t0) - fwd),
+                      "optimizer_s": t2 - t1, "tokens_per_s": tokens_per_step / step_time,
+                      "peak_memory_bytes": peak, "memory_source": "cuda_allocator" if cuda else "process_rss"}
+            if counter is not None:
+                dup = 1 if config.sequence_parallel else plan.tp
+                record["routing_counts"] = counter.step_counts(dup * plan.cp)
+            if rank == 0:
+                try:
+                    with metrics_path.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
+                except OSError as exc:
+                    raise disk_error(exc, metrics_path, "metrics") from None
+            if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+                save_checkpoint(run_dir, step + 1, chunks, optimizer, plan)
+            if after_step is not None:
+                after_step(step + 1)
+            if (step + 1) % MANUAL_GC_INTERVAL_STEPS == 0:
+                gc.collect()
     summary = summarize(metrics_path, model, plan, cuda) if rank == 0 else {}
     if rank == 0:
         cluster = json.loads(Path(args.plan).read_text()).get("cluster")
@@ -401,6 +407,20 @@ def train(args: argparse.Namespace, after_step: Callable[[int], None] | None = N
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return summary
+
+
+@contextlib.contextmanager
+def _manual_gc():
+    """Megatron-LM --manual-gc, as the planner's flags write it: Python's collector off while training, run by the
+    loop on every rank at the same steps (costmodel.rules.MANUAL_GC_INTERVAL_STEPS), not whenever one rank's
+    allocations trip it; restored afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def summarize(metrics_path: Path, model: ModelSpec, plan: ParallelPlan, cuda: bool) -> dict:

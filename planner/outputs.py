@@ -29,7 +29,7 @@ from typing import Any
 
 from costmodel.files import Writer, write_files_atomic
 from costmodel.profiles import InputError, transformer_engine_runs
-from costmodel.rules import moe_recompute_modules
+from costmodel.rules import MANUAL_GC_INTERVAL_STEPS, grouped_gemm_issue, moe_recompute_modules
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 from costmodel.plan import ParallelPlan, data_parallel, megatron_layout, parse_megatron_layout, unroll_layout
 
@@ -315,16 +315,6 @@ def _moe_flags(model: ModelSpec, f: _Flags) -> None:
         f.out.append(f"--mtp-num-layers {model.mtp_layers}")
 
 
-def _grouped_gemm_issue(model: ModelSpec, transformer_engine: bool) -> str | None:
-    # validate_args: "assert args.bf16, 'Currently GroupedGEMM for MoE only supports bf16 dtype.'" and
-    #   "assert dc[0] >= 8, 'Unsupported compute capability for GroupedGEMM kernels.'" (fp8/fp4 run with --bf16).
-    if model.precision in ("fp16", "fp32"):
-        return f"Megatron's grouped GEMM needs --bf16, the plan trains in {model.precision}"
-    if not transformer_engine:
-        return "Megatron's grouped GEMM needs compute capability 8.0"
-    return None
-
-
 def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,
                   fp8_recipe: str = "tensorwise", transformer_engine: bool = True) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan``.
@@ -351,7 +341,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     #   group.add_argument('--global-batch-size', type=int, default=None, ...).
     f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
     _recompute_flags(model, plan, f, transformer_engine, fp8_recipe)
-    _precision_flags(model, f, fp8_recipe)
+    _precision_flags(model, plan, f, fp8_recipe)
     if model.finetune == "lora":
         # pretrain_gpt.py has no adapters: LoRA runs through Megatron-Bridge / NeMo PEFT on the same layout.
         f.lost.append("LoRA on frozen weights (pretrain_gpt.py trains every weight; run it with Megatron-Bridge's "
@@ -378,7 +368,7 @@ def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_e
     # arguments.py _add_moe_args: '--moe-grouped-gemm' (the cost model prices, and the executor runs, grouped GEMMs).
     if model.is_moe:
         _dispatcher_flags(model, plan, f)
-        issue = _grouped_gemm_issue(model, transformer_engine)
+        issue = grouped_gemm_issue(model, transformer_engine)
         if issue is None:
             f.out.append("--moe-grouped-gemm")
         else:
@@ -504,6 +494,9 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
         # (cross_entropy_loss_fusion, cross_entropy_fusion_impl 'native' | 'te'), arguments.py
         # '--cross-entropy-loss-fusion', '--cross-entropy-fusion-impl'.
         f.out += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl te"]
+        # arguments.py _add_training_args: '--manual-gc' (store_true), '--manual-gc-interval' (default 0: never
+        # between steps); as the runs the profiles are fitted to (costmodel.rules.MANUAL_GC_INTERVAL_STEPS).
+        f.out += ["--manual-gc", f"--manual-gc-interval {MANUAL_GC_INTERVAL_STEPS}"]
         f.out.append("--overlap-grad-reduce")
         if plan.distributed_optimizer or fsdp:
             # validate_args: "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"
@@ -560,9 +553,10 @@ def _recompute_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transforme
 
 
 def _moe_recompute_modules(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
-    """What megatron-core can run of the selective recomputation the estimate prices (costmodel/memory.py
-    layer_activation_bytes) on a MoE model's Transformer Engine layers: the pre-MLP LayerNorm ("layernorm") and
-    the experts' activation ("moe_act") besides the attention core (costmodel.rules.selective_runs_as_priced).
+    """The selective recomputation the estimate prices for a MoE model on megatron-core's Transformer Engine
+    layers (costmodel/memory.py layer_activation_bytes, ``te_moe_modules``): the pre-MLP LayerNorm
+    ("layernorm"), with MLA the input one too, and the routed experts' activation ("moe_act") besides the
+    attention core (costmodel.rules.selective_runs_as_priced).
     A dense layer has nothing more to recompute selectively (its LayerNorms are fused into the GEMMs), so it
     gets the default core_attn, and the planner does not offer it selective."""
     # megatron-core 0.16.1 transformer_config.py: recompute_modules choices "core_attn", "moe_act", "layernorm",
@@ -574,15 +568,15 @@ def _moe_recompute_modules(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None
                        "activation recomputed (more memory than planned: use --fp8-recipe tensorwise or full "
                        "recompute)")
         return
-    grouped = _grouped_gemm_issue(model, True) is None
+    grouped = grouped_gemm_issue(model, True) is None
     if not grouped:
         f.notes.append("# moe_act left out of --recompute-modules: megatron-core recomputes the experts' activation "
-                       "only with --moe-grouped-gemm, which needs --bf16 (the estimate counts it recomputed)")
+                       "only with --moe-grouped-gemm, which needs --bf16 (the estimate keeps it too)")
     f.out.append("--recompute-modules " + " ".join(moe_recompute_modules(grouped)))
 
 
-def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
-    """Mixed precision, FP8 and FP4 recipes, loss scaling."""
+def _precision_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, fp8_recipe: str) -> None:
+    """Mixed precision, FP8 and FP4 recipes, FP8 parameters, loss scaling."""
     # arguments.py _add_mixed_precision_args: group.add_argument('--bf16', action='store_true', ...), '--fp16'.
     # arguments.py _add_transformer_engine_args:
     #   group.add_argument('--fp8-format', default=None, choices=['e4m3', 'hybrid'], ..., dest='fp8')
@@ -615,8 +609,32 @@ def _precision_flags(model: ModelSpec, f: _Flags, fp8_recipe: str) -> None:
         f.out += ["--fp8-format hybrid", f"--fp8-recipe {fp8_recipe}"]
     elif p == "mxfp8":
         f.out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
+    if p in ("fp8", "mxfp8"):
+        _fp8_param_flags(plan, f, p)
     elif p == "nvfp4":
         f.out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
+
+
+def _fp8_param_flags(plan: ParallelPlan, f: _Flags, precision: str) -> None:
+    """FP8 parameters, as the estimate prices an FP8 run's weights (costmodel/memory.py WEIGHT_BYTES plus
+    FP8_WEIGHT_EXTRA_BYTES, 3 bytes a parameter) and NVIDIA's Megatron-Bridge recipes run them
+    (training/mixed_precision.py: fp8_param_gather=True for the delayed, tensorwise and MXFP8 recipes,
+    reuse_grad_buf_for_mxfp8_param_ag with MXFP8). With --fp8-param-gather the module keeps its weights in FP8
+    (1 byte, and the transposed copy Transformer Engine makes for the backward GEMMs, 1 more); without it a bf16
+    weight (2) and Transformer Engine's cached FP8 workspace of it, row- and column-wise (2): 4 bytes, one more
+    than priced (megatron-core optimizer_config.py warns that MXFP8 without them "will use significant amount
+    additional GPU memory")."""
+    # Megatron-LM arguments.py validate_args: "--fp8-param-gather only supported with distributed optimizer, torch
+    #   fsdp2, megatron fsdp, or inference mode"; megatron-core distributed_data_parallel_config.py: "Reuse grad
+    #   buffer only when keeping params in MXFP8" (reuse_grad_buf_for_mxfp8_param_ag asserts fp8_param_gather).
+    if not (plan.distributed_optimizer or plan.zero_stage >= 2):
+        f.notes.append("# no --fp8-param-gather: Megatron-LM allows it only with a sharded optimizer state; each "
+                       "weight is then held in bf16 and as Transformer Engine's FP8 copies, about 1 byte per "
+                       "parameter more than the estimate prices")
+        return
+    f.out.append("--fp8-param-gather")
+    if precision == "mxfp8":
+        f.out.append("--reuse-grad-buf-for-mxfp8-param-ag")
 
 
 # Parsing ----------------------------------------------------------------------------------------

@@ -118,6 +118,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     a("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
     a("--fp4-format", default=None, choices=["e2m1"], dest="fp4")
     a("--fp4-recipe", default="nvfp4", choices=["nvfp4", "custom"])
+    a("--fp8-param-gather", action="store_true")
+    a("--reuse-grad-buf-for-mxfp8-param-ag", action="store_true")
     a("--transformer-impl", default="transformer_engine", choices=["local", "transformer_engine"])
     a("--tp-comm-overlap", action="store_true")
     return ap
@@ -381,9 +383,11 @@ def test_facts_no_flag_states_are_named(tmp_path):
     ("fp32", [], ["--bf16", "--fp16", "--moe-grouped-gemm"]),
     ("fp16", ["--fp16", "--initial-loss-scale"], ["--bf16", "--moe-grouped-gemm"]),
     ("bf16", ["--bf16", "--moe-grouped-gemm"], ["--fp16", "--fp8-format", "--fp4-format"]),
-    ("fp8", ["--bf16", "--fp8-format", "--fp8-recipe", "--moe-grouped-gemm"], ["--fp4-format"]),
-    ("mxfp8", ["--bf16", "--fp8-format", "--fp8-recipe"], ["--fp4-format"]),
-    ("nvfp4", ["--bf16", "--fp4-format", "--fp4-recipe"], ["--fp8-format"]),
+    ("fp8", ["--bf16", "--fp8-format", "--fp8-recipe", "--moe-grouped-gemm", "--fp8-param-gather"],
+     ["--fp4-format", "--reuse-grad-buf-for-mxfp8-param-ag"]),
+    ("mxfp8", ["--bf16", "--fp8-format", "--fp8-recipe", "--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"],
+     ["--fp4-format"]),
+    ("nvfp4", ["--bf16", "--fp4-format", "--fp4-recipe"], ["--fp8-format", "--fp8-param-gather"]),
 ])
 def test_precision_flags_follow_the_plan(precision, present, absent):
     model = catalog()["mixtral-8x7b"].model_copy(update={"precision": precision})

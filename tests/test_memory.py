@@ -211,3 +211,53 @@ def test_dropout_masks_follow_the_models_dropout():
     no_drop = gpt3.model_copy(update={"hidden_dropout": 0.0})
     assert gpt3.hidden_dropout > 0
     assert _layer(gpt3, 0) - _layer(no_drop, 0) == pytest.approx(8192 * 2 * gpt3.hidden / 8)
+
+
+def _moe_layer(model: ModelSpec, recompute: int, te: bool, grouped: bool = True) -> float:
+    return float(memory.layer_activation_bytes(model, 8192, 1, False, recompute, True, True, False,
+                                               te_moe_modules=te, grouped_gemm=grouped))
+
+
+def test_moe_selective_on_transformer_engine_frees_what_its_recompute_modules_recompute():
+    # megatron-core 0.16.1 with --recompute-modules core_attn layernorm moe_act on Transformer Engine layers:
+    # the pre-MLP LayerNorm (a module of its own in a MoE layer) and the routed experts' activation; the input
+    # LayerNorm is fused into the QKV GEMM (kept) unless the attention is MLA, and the shared experts' activation
+    # is kept. Op by op (published rows of other stacks) both LayerNorm outputs and every activation go.
+    from costmodel.catalog import get_model
+
+    tok = 8192
+    qwen = get_model("qwen3-30b-a3b")   # GQA, 8 of 128 experts, no shared expert
+    h, fe, k = qwen.hidden, qwen.expert_ffn, qwen.moe_topk
+    assert _moe_layer(qwen, 0, True) - _moe_layer(qwen, 1, True) == pytest.approx(tok * (2 * h + k * 2 * fe))
+    assert _moe_layer(qwen, 0, False) - _moe_layer(qwen, 1, False) == pytest.approx(tok * (4 * h + k * 2 * fe))
+    # without the grouped GEMM (fp16 parameters) megatron-core refuses moe_act: only the LayerNorm output goes
+    assert _moe_layer(qwen, 0, True) - _moe_layer(qwen, 1, True, grouped=False) == pytest.approx(tok * 2 * h)
+
+    dsv3 = get_model("deepseek-v3")     # MLA (input LayerNorm of its own), one shared expert
+    h, fe, k = dsv3.hidden, dsv3.expert_ffn, dsv3.moe_topk
+    freed_te = _moe_layer(dsv3, 0, True) - _moe_layer(dsv3, 1, True)
+    freed_op = _moe_layer(dsv3, 0, False) - _moe_layer(dsv3, 1, False)
+    assert freed_te == pytest.approx(tok * (4 * h + k * 2 * fe))
+    assert freed_op - freed_te == pytest.approx(tok * dsv3.shared_experts * 2 * fe)
+    # recompute none is the same either way
+    assert _moe_layer(dsv3, 0, True) == _moe_layer(dsv3, 0, False)
+
+
+def test_estimate_prices_moe_selective_as_megatron_core_runs_it_on_transformer_engine():
+    # The step estimate passes the stack through: on megatron-core with Transformer Engine (H100) selective frees
+    # the pre-MLP LayerNorm output and the routed activation (2h + 2k f_e a token for Qwen3-30B-A3B), on another
+    # stack op by op both LayerNorm outputs as well (4h + 2k f_e): the saved activations fall by 0.8x as much.
+    from costmodel.catalog import get_model
+    from costmodel.profiles import load_profile
+
+    m = get_model("qwen3-30b-a3b")
+    cluster = ClusterSpec(name="h100x8", gpu="H100", nodes=1, gpus_per_node=8, nvlink_domain_gpus=8,
+                          inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=50e9))
+    plans = PlanArrays.from_plans([ParallelPlan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=64, recompute=r)
+                                   for r in ("none", "selective")])
+    freed = {}
+    for fw in ("megatron-core", "other"):
+        act = estimate_arrays(m, cluster, plans, profile=load_profile("H100"), framework=fw)["activations_bytes"]
+        freed[fw] = act[0] - act[1]
+    h, fe, k = m.hidden, m.expert_ffn, m.moe_topk
+    assert freed["megatron-core"] / freed["other"] == pytest.approx((2 * h + 2 * k * fe) / (4 * h + 2 * k * fe))

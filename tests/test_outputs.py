@@ -252,6 +252,47 @@ def test_gradient_buffer_is_the_one_the_estimate_prices(precision, cluster):
         assert mem["grads"] / local_params == pytest.approx(2.0)
 
 
+def megatron_weight_bytes(args: list[str]) -> int:
+    """Bytes per parameter an FP8 run's module weights take on a Hopper GPU for these flags: with --fp8-param-gather
+    the weight itself is FP8 (megatron-core keeps no other compute copy; DistributedDataParallelConfig
+    fp8_param_gather: "keep the compute param in fp8 (do not use any other intermediate dtype)") plus the
+    transposed FP8 copy Transformer Engine makes for the backward GEMMs; without it a bf16 weight and Transformer
+    Engine's cached FP8 workspace of it, row- and column-wise (megatron-core passes is_first_microbatch, which
+    caches it across micro-batches)."""
+    names = {a.split(" ")[0] for a in flags(args)}
+    return 1 + 1 if "--fp8-param-gather" in names else 2 + 2
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_fp8_weights_are_held_as_the_estimate_prices_them(precision, cluster):
+    # An FP8 plan's flags keep the weights in FP8 (Megatron-Bridge's recipes do): without --fp8-param-gather a 70B
+    # tp8 pp4 rank would hold 2.2 GB more weights than its estimate (4 bytes a parameter against 3).
+    model = get_model("70b", precision=precision)
+    plan = ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)
+    args = megatron_args(model, plan)
+    priced = memory.WEIGHT_BYTES + memory.FP8_WEIGHT_EXTRA_BYTES
+    assert megatron_weight_bytes(args) <= priced
+    assert ("--reuse-grad-buf-for-mxfp8-param-ag" in flags(args)) == (precision == "mxfp8")
+    # Megatron-LM refuses FP8 parameters without a sharded optimizer state: such a plan says what it holds
+    ddp = megatron_args(model, plan.model_copy(update={"distributed_optimizer": False}))
+    assert megatron_weight_bytes(ddp) > priced
+    assert any("no --fp8-param-gather" in a for a in ddp)
+    fsdp = megatron_args(model, plan.model_copy(update={"zero_stage": 3}))
+    assert megatron_weight_bytes(fsdp) <= priced
+    assert "--fp8-param-gather" not in flags(megatron_args(get_model("70b"), plan))
+
+
+def test_garbage_collection_runs_on_every_rank_at_once():
+    # Megatron-LM --manual-gc --manual-gc-interval 100, as the Megatron-Bridge benchmark runs the profiles are
+    # fitted to: without it each rank's collector runs when its own allocation count trips it, and a synchronous
+    # step waits for the slowest rank's pause.
+    from costmodel.rules import MANUAL_GC_INTERVAL_STEPS
+
+    args = megatron_args(get_model("70b"), ParallelPlan(tp=8, pp=4, dp=16, global_batch=512))
+    assert "--manual-gc" in flags(args) and MANUAL_GC_INTERVAL_STEPS == 100
+    assert flag_value(args, "--manual-gc-interval") == "100"
+
+
 def test_explicit_layout(cluster):
     m = get_model("70b")
     layout = "Et*9|t*10|t*10|t*10|t*10|t*10|t*10|t*11L"  # pp=4 x vpp=2, 19/20/20/21 layers per rank

@@ -729,8 +729,9 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem = SimpleNamespace()
     mem.activations = (per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)) \
         * c.cal.activation_memory
-    w_bytes = max(memory.WEIGHT_BYTES, eb) + (memory.FP8_WEIGHT_EXTRA_BYTES if fp8 else 0.0)
     p_dense_stage, p_exp_stage, grad_b, fsdp, zero = p.dense, p.expert, p.grad_b, p.fsdp, p.zero
+    w_bytes = max(memory.WEIGHT_BYTES, eb) + (np.where(p.dist > 0, 0.0, memory.FP8_WEIGHT_EXTRA_BYTES_UNSHARDED)
+                                              if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.sh) + p_exp_stage * w_bytes / col(c.sh_e),
                            p_stage * w_bytes)

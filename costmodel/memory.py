@@ -36,8 +36,14 @@ GRAD_BYTES = 4.0        # fp32 main gradients (Megatron-LM; megatron-core with g
 GRAD_BYTES_FP16_MEGATRON_LM_2020 = 2.0
 GRAD_BYTES_CORE = 2.0   # megatron-core DistributedDataParallelConfig default: grads in the param dtype
 OPTIMIZER_BYTES = 12.0
-# fp8 recipes (Transformer Engine) keep an fp8 copy of each weight for the GEMMs.
-FP8_WEIGHT_EXTRA_BYTES = 1.0
+# fp8 recipes (Transformer Engine). With the optimizer state sharded, megatron-core keeps the weights themselves in
+# FP8 (--fp8-param-gather, which Megatron-Bridge's and NeMo 2.0's mixed-precision recipes set and the planner writes;
+# DistributedDataParallelConfig.fp8_param_gather: "keep the compute param in fp8 (do not use any other intermediate
+# dtype)"): 1 byte plus the transposed copy Transformer Engine makes for the backward GEMMs, 2 in all, as bf16
+# weights. Megatron-LM refuses FP8 parameters without a sharded state ("--fp8-param-gather only supported with
+# distributed optimizer, torch fsdp2, megatron fsdp"): there a bf16 weight is kept and Transformer Engine caches an
+# FP8 workspace of it, row- and column-wise, across micro-batches: this much more per parameter.
+FP8_WEIGHT_EXTRA_BYTES_UNSHARDED = 2.0
 # NCCL, cuBLAS and Transformer Engine workspaces, CUDA context outside the allocator.
 WORKSPACE_BYTES = 1.0 * GIB
 # Megatron-FSDP's communication unit, in parameter elements (megatron-core 0.16.1

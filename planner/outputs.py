@@ -616,21 +616,21 @@ def _precision_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, fp8_recipe
 
 
 def _fp8_param_flags(plan: ParallelPlan, f: _Flags, precision: str) -> None:
-    """FP8 parameters, as the estimate prices an FP8 run's weights (costmodel/memory.py WEIGHT_BYTES plus
-    FP8_WEIGHT_EXTRA_BYTES, 3 bytes a parameter) and NVIDIA's Megatron-Bridge recipes run them
-    (training/mixed_precision.py: fp8_param_gather=True for the delayed, tensorwise and MXFP8 recipes,
-    reuse_grad_buf_for_mxfp8_param_ag with MXFP8). With --fp8-param-gather the module keeps its weights in FP8
-    (1 byte, and the transposed copy Transformer Engine makes for the backward GEMMs, 1 more); without it a bf16
-    weight (2) and Transformer Engine's cached FP8 workspace of it, row- and column-wise (2): 4 bytes, one more
-    than priced (megatron-core optimizer_config.py warns that MXFP8 without them "will use significant amount
-    additional GPU memory")."""
+    """FP8 parameters, as the estimate prices a sharded FP8 run's weights (costmodel/memory.py: 2 bytes a
+    parameter, FP8_WEIGHT_EXTRA_BYTES_UNSHARDED more without a sharded optimizer state) and NVIDIA's
+    Megatron-Bridge recipes run them (training/mixed_precision.py: fp8_param_gather=True for the delayed,
+    tensorwise and MXFP8 recipes, reuse_grad_buf_for_mxfp8_param_ag with MXFP8). With --fp8-param-gather the
+    module keeps its weights in FP8 (1 byte, and the transposed copy Transformer Engine makes for the backward
+    GEMMs, 1 more); without it a bf16 weight (2) and Transformer Engine's cached FP8 workspace of it, row- and
+    column-wise (2): 4 bytes (megatron-core optimizer_config.py warns that MXFP8 without them "will use
+    significant amount additional GPU memory")."""
     # Megatron-LM arguments.py validate_args: "--fp8-param-gather only supported with distributed optimizer, torch
     #   fsdp2, megatron fsdp, or inference mode"; megatron-core distributed_data_parallel_config.py: "Reuse grad
     #   buffer only when keeping params in MXFP8" (reuse_grad_buf_for_mxfp8_param_ag asserts fp8_param_gather).
     if not (plan.distributed_optimizer or plan.zero_stage >= 2):
         f.notes.append("# no --fp8-param-gather: Megatron-LM allows it only with a sharded optimizer state; each "
-                       "weight is then held in bf16 and as Transformer Engine's FP8 copies, about 1 byte per "
-                       "parameter more than the estimate prices")
+                       "weight is held in bf16 and as Transformer Engine's FP8 copies, 4 bytes a parameter (as "
+                       "the estimate prices it), twice what a sharded FP8 run holds")
         return
     f.out.append("--fp8-param-gather")
     if precision == "mxfp8":

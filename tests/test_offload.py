@@ -156,10 +156,10 @@ def test_published_rows_read_offloading_and_an_unknown_setting_takes_the_fastest
 
     guess = predict_case(cases[1])
     # Megatron-Bridge's recipe offloads 40 layers (cpu_offloading_num_layers=40): so does the fastest setting
-    # that fits the GPU (within all of its memory: the run ran) and the host.
+    # that fits the GPU and the host (a peak above the planner's 95% margin would count: tests/test_pooling.py).
     assert guess["plan"].recompute == "offload" and guess["plan"].recompute_layers == 40
     assert "recompute=offload:40 (fastest that fits)" in guess["assumed"]
-    assert any("above the planner's usable 95%" in a for a in guess["assumed"])
+    assert guess["predicted_peak_memory_bytes"] <= load_profile("GB200").memory_bytes.value
 
 
 def test_a_training_log_with_cpu_offloading_reads_as_an_offload_plan():

@@ -100,8 +100,8 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     (``--recompute-modules``): a MoE layer's pre-MLP LayerNorm ("layernorm") and its experts' activation
     ("moe_act"), priced so with ``te_moe_modules``, not the LayerNorms fused into the dense GEMMs nor a dense
     MLP's activation; so the planner does not offer selective to a dense model there (planner/space.py) and
-    ``plan check`` says so (planner/check.py). Without flash attention selective recompute removes the 5*a*s^2*b score terms
-    (Korthikanti Sec. 4.2). Dropout masks (1 byte an element, after the attention and MLP blocks) only where
+    ``plan check`` says so (planner/check.py). Without flash attention selective recompute removes the
+    5*a*s^2*b score terms (Korthikanti Sec. 4.2). Dropout masks (1 byte an element, after the attention and MLP blocks) only where
     the model trains with ``hidden_dropout``. With fp8 (Transformer Engine) the GEMM inputs are kept as fp8
     copies, 1 byte per element.
 

@@ -801,9 +801,10 @@ def selective_runs_as_priced(model: ModelSpec, framework: str, transformer_engin
 
     megatron-core on Transformer Engine runs it through ``--recompute-modules`` (megatron-core 0.16.1
     transformer_config.py): a MoE layer's pre-MLP LayerNorm ("layernorm") and experts' activation ("moe_act"),
-    which planner/outputs.py writes and the estimate prices for a MoE model there (``te_moe_modules``). A dense layer's LayerNorms are fused into its QKV and FC1 GEMMs
-    (gpt_layer_specs.py: input_layernorm and pre_mlp_layernorm are IdentityOp) and no module recomputes a dense
-    MLP's activation alone ("mlp" recomputes the whole MLP), so its selective is the default core_attn, which
+    which planner/outputs.py writes and the estimate prices for a MoE model there (``te_moe_modules``). A dense
+    layer's LayerNorms are fused into its QKV and FC1 GEMMs (gpt_layer_specs.py: input_layernorm and
+    pre_mlp_layernorm are IdentityOp) and no module recomputes a dense MLP's activation alone ("mlp" recomputes
+    the whole MLP), so its selective is the default core_attn, which
     frees nothing flash attention keeps: the run holds what recompute 'none' holds. Without Transformer Engine
     (local layers, attention unfused) selective is the attention-core recompute of Korthikanti et al. and the
     estimate prices that. Other stacks checkpoint op by op (torchtitan's selective "op" mode)."""

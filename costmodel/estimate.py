@@ -194,6 +194,11 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
                         dtype=dtype, fp8=dtype in ("fp8", "fp4"),
                         # Weight-gradient GEMMs per data-gradient GEMM: none for LoRA's frozen weights.
                         wgrad=0.0 if model.finetune == "lora" else 1.0)
+    # A MoE model's selective on megatron-core's Transformer Engine layers runs the --recompute-modules the planner
+    # writes (moe_act only with the grouped GEMM): costmodel.memory.layer_activation_bytes.
+    te_layers = framework == "megatron-core" and prof.kind != "host" and prof.runs_transformer_engine()
+    c.selective_modules = dict(te_moe_modules=te_layers,
+                               grouped_gemm=rules.grouped_gemm_issue(model, te_layers) is None)
     # Quantisation traffic per GEMM-input element, in units of bf16 elements (2 bytes): fp8 reads 2 B
     # and writes a row-wise and a column-wise (transposed) 1 B copy; MXFP8 adds 1/32 scales; NVFP4
     # writes two 0.5 B copies plus scales and runs a Hadamard transform pass on the wgrad inputs
@@ -513,13 +518,10 @@ def _layer_activation_bytes(c: SimpleNamespace, recompute=None) -> tuple[np.ndar
     (costmodel.memory.layer_activation_bytes) with the plans' ``recompute`` codes; None: without recomputation."""
     model, fw, n = c.model, c.fw, c.n
     rc = np.zeros(n) if recompute is None else recompute
-    # A MoE model's selective on megatron-core's Transformer Engine layers: the --recompute-modules the
-    # planner writes (grouped GEMM, hence moe_act, only with bf16 parameters).
-    te_layers = c.framework == "megatron-core" and c.prof.kind != "host" and c.prof.runs_transformer_engine()
-    te = dict(te_moe_modules=te_layers, grouped_gemm=rules.grouped_gemm_issue(model, te_layers) is None)
-    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, rc, fw["flash"], False, c.fp8, **te)
+    dense = memory.layer_activation_bytes(model, c.tokens, c.tp, c.sp, rc, fw["flash"], False, c.fp8,
+                                          **c.selective_modules)
     moe = (memory.layer_activation_bytes(model, c.tokens * c.moe_imbalance, c.tp, c.sp, rc, fw["flash"], True,
-                                         c.fp8, **te) if model.is_moe else np.zeros(n))
+                                         c.fp8, **c.selective_modules) if model.is_moe else np.zeros(n))
     return dense, moe
 
 

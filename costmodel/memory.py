@@ -136,9 +136,8 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     if moe:
         k = model.moe_topk
         fe = model.expert_ffn
-        act_out = np.where(sel, 0.0, gin * fe)
         routed_act = np.where(sel & (not te or grouped_gemm), 0.0, gin * fe)
-        shared_act = gin * fe if te else act_out
+        shared_act = np.where(sel & (not te), 0.0, gin * fe)
         routed = k * (gin * h + 2 * fe * gate + routed_act)
         shared = model.shared_experts * (2 * fe * gate + shared_act)
         split_moe = routed + shared + 2 * h + 4 * model.num_experts

@@ -655,6 +655,11 @@ def _optimizer_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
             "distributed_optimizer=True shards optimizer states (ZeRO-1) but zero_stage=0; "
             "valid: zero_stage in 1, 2, 3, or distributed_optimizer=False"
         ]
+    if plan.zero_stage >= 1 and not plan.distributed_optimizer:
+        # The estimate prices any ZeRO stage as a sharded optimizer state, which Megatron shards only with
+        # --use-distributed-optimizer (Megatron-FSDP runs with it too); the flags follow distributed_optimizer.
+        return [f"zero_stage={plan.zero_stage} shards optimizer states (Megatron's distributed optimizer) but "
+                "distributed_optimizer=False; valid: distributed_optimizer=True, or zero_stage=0"]
     if plan.optimizer_offload > 0 and plan.zero_stage == 0:
         # megatron-core 0.16.1 optimizer_config.py: --optimizer-cpu-offload runs with
         # --use-precision-aware-optimizer, which asserts the distributed optimizer; DeepSpeed offloads

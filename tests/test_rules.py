@@ -308,6 +308,12 @@ def test_distributed_optimizer_implies_zero_stage():
     assert any("distributed_optimizer=True" in m and "zero_stage=0" in m for m in found)
     ok = plan(tp=8, pp=4, dp=16, zero_stage=0, distributed_optimizer=False)
     assert violations(LLAMA3_70B, ok) == []
+    # The other way round: priced sharded, but the flags would leave --use-distributed-optimizer out.
+    for stage in (1, 3):
+        found = violations(LLAMA3_70B, plan(tp=8, pp=1, dp=64, zero_stage=stage, distributed_optimizer=False))
+        assert [m for m in found if "distributed_optimizer=False" in m] == [
+            f"zero_stage={stage} shards optimizer states (Megatron's distributed optimizer) but "
+            "distributed_optimizer=False; valid: distributed_optimizer=True, or zero_stage=0"]
 
 
 def test_rank_order_rules():

@@ -373,6 +373,13 @@ def _engine_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, transformer_e
             f.out.append("--moe-grouped-gemm")
         else:
             f.notes.append(f"# --moe-grouped-gemm left out: {issue} (the estimate prices grouped GEMMs)")
+        # arguments.py _add_moe_args: '--moe-permute-fusion' (store_true; TransformerConfig.moe_permute_fusion,
+        #   default False, "Fuse token rearrangement ops during token dispatching"; __post_init__ raises "fused
+        #   permutation is not available. Please install TE >= 2.1.0." without Transformer Engine's kernels).
+        #   Megatron-Bridge's MoE model providers and performance recipes set moe_permute_fusion = True, and the
+        #   profiles' MoE routing factor (moe_overhead) is fitted to those runs.
+        if transformer_engine:
+            f.out.append("--moe-permute-fusion")
     # arguments.py _add_tokenizer_args defines '--vocab-size' but the tokenizer normally sets the
     # vocabulary; it is left to the caller (e.g. NullTokenizer with --mock-data needs it).
     f.notes.append(f"# vocab: {model.vocab} tokens (set by the tokenizer; with --tokenizer-type NullTokenizer "

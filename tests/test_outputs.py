@@ -139,6 +139,11 @@ def test_moe_and_mla_flags():
         assert flag_value(args, f) == v, f
     assert flag_value(args, "--multi-latent-attention") == ""
     assert flag_value(args, "--moe-grouped-gemm") == ""
+    # the fused permutation the fitted MoE factors assume (Megatron-Bridge sets it); it needs Transformer Engine
+    assert flag_value(args, "--moe-permute-fusion") == ""
+    assert "--moe-permute-fusion" not in megatron_args(ds, plan, transformer_engine=False)
+    assert "--moe-permute-fusion" not in megatron_args(get_model("70b"), ParallelPlan(tp=8, pp=4, dp=16,
+                                                                                      global_batch=512))
     assert "--group-query-attention" not in " ".join(args)
     # the uneven split becomes a layout, and the layout parses back into the split
     layout = flag_value(args, "--pipeline-model-parallel-layout")

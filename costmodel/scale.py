@@ -17,7 +17,9 @@ slowest of N GPUs is then expected sigma * E[max of N standard normals] behind t
 sigma * sqrt(2 ln N) (extreme value theory, below): 4.6% at 512 GPUs, 5.7% at 8,192, 6.0% at 16,384.
 Newer platforms vary at least as much: Golden et al. 2025, "PRISM" (arXiv:2510.15596, Meta), find GEMM
 microbenchmarks across GPUs at scale differing by up to 14% depending on hardware and deployment (no per-platform
-spread is given there, so it does not set the number).
+spread is given there, so it does not set the number). The SC'22 proceedings page of Sinha et al.'s study
+(sc22.supercomputing.org, technical paper 186) states "32% (max 72%) average performance variation" over four of
+the clusters, a figure other than the arXiv abstract's 8% for the non-outlier spread; it is not used here.
 
 Collective latency over many nodes. NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc,
 ncclTopoTuneModel, at commit 01afd20a of the public repository) charges a ring collective a base latency

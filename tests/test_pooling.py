@@ -117,7 +117,8 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
     spelled = {"NeMo 2.0": "megatron-core", "Megatron-Bridge": "megatron-core", "mcore": "megatron-core",
                "Megatron Core": "megatron-core", "Megatron-LM v0.9": "megatron-core", "DeepSpeed": "other",
                "Megatron-DeepSpeed": "other", "torchtitan": "other", "MaxText": "other", "Pax": "paxml",
-               "JAX/Paxml": "paxml", "Pax/Praxis": "paxml", "Praxis": "paxml", "Megatron-LM (2020)": "megatron-lm-2020", "megatron-lm 2021": "megatron-lm-2021"}
+               "JAX/Paxml": "paxml", "Pax/Praxis": "paxml", "Praxis": "paxml",
+               "Megatron-LM (2020)": "megatron-lm-2020", "megatron-lm 2021": "megatron-lm-2021"}
     for text, key in spelled.items():
         said: list[str] = []
         assert (framework_of({"framework": text, "source_id": "X"}, said), said) == (

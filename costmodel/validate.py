@@ -330,9 +330,10 @@ def _framework_as_named(row: dict, assumed: list[str]) -> str:
 
 def framework_named(text: str, row: dict) -> str | None:
     """The FRAMEWORK key a framework column spelled another way names (NeMo 2.0, Megatron-Bridge, mcore,
-    Megatron-LM v0.9 -> megatron-core; Megatron-LM v1.x -> megatron-lm-2020, v2.x / v3.x -> megatron-lm-2021; DeepSpeed, Megatron-DeepSpeed, torchtitan, MaxText -> other; Pax,
-    Praxis -> paxml); None if it names none. A bare Megatron-LM takes the generation the row's notes and source name
-    (the 2020 README tables, the 2021 papers) and megatron-core otherwise."""
+    Megatron-LM v0.9 -> megatron-core; Megatron-LM v1.x -> megatron-lm-2020, v2.x / v3.x -> megatron-lm-2021;
+    DeepSpeed, Megatron-DeepSpeed, torchtitan, MaxText -> other; Pax, Praxis -> paxml); None if it names none. A
+    bare Megatron-LM takes the generation the row's notes and source name (the 2020 README tables, the 2021
+    papers) and megatron-core otherwise."""
     t = re.sub(r"[\s_]+", "-", text.lower())
     if "paxml" in t or "praxis" in t or re.search(r"(^|\W)pax(\W|$)", t):   # Praxis: Pax's layer library
         return "paxml"

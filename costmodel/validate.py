@@ -95,7 +95,7 @@ def published_step_time(row: dict) -> float:
 _FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
-_GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral")
+_GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok")
 # What a model name says of a row outside the catalog's families, for the fields the row leaves blank.
 # Llama 2: the Llama 1 tokenizer's 32,000 tokens (Touvron et al. 2023, "Llama 2", Sec. 2.1). Nemotron-3/-4
 # (NeMo nemo/collections/llm/gpt/model/nemotron.py NemotronConfig, as ARCH_nemo_configs cites): squared-ReLU

@@ -22,8 +22,8 @@ them, so they test it where the fitted runs say least:
   gradient accumulation (data/validation/SOURCES.md, inconsistency 6). These are the only MoE runs outside the
   Megatron-Bridge archive: they test the MoE terms on another source.
 
-For each row: the published and the predicted step time (shipped profiles) and their ratio, then the MAPE per
-group and GPU type.
+For each row: the published and the predicted step time (shipped profiles) with its P10-P90 and their ratio, then
+per GPU type and precision the MAPE and how many published step times fall inside their P10-P90.
 
     python scripts/unscored_runs.py [data/validation/published_runs.csv] [--json OUT]
 """
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.validate import load_cases, predict_case  # noqa: E402
+from costmodel.validate import interval_fields, load_cases, predict_case  # noqa: E402
 
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "validation" / "published_runs.csv"
 LONG_CONTEXT_SOURCE = "NEMO_LONGSEQ"
@@ -123,12 +123,16 @@ def predict_rows(rows: list[dict], fields: list[str]) -> list[dict]:
     for c, r in zip(cases_of(rows, fields), rows, strict=True):
         pred = predict_case(c)
         p = pred["plan"]
+        iv = interval_fields(c, p, pred["predicted_step_time_s"])
+        lo, hi = iv["predicted_p10_step_time_s"], iv["predicted_p90_step_time_s"]
         out.append({"gpu_type": c.gpu_type, "model": c.model.name, "precision": c.model.precision,
                     "gpus": int(r["num_gpus"]), "seq_len": c.model.seq_len, "layers": c.model.layers,
                     "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "dp": p.dp, "fits": pred["fits"],
                     "published_step_time_s": c.published_step_time_s,
                     "predicted_step_time_s": pred["predicted_step_time_s"],
-                    "predicted_over_published": pred["predicted_step_time_s"] / c.published_step_time_s})
+                    "predicted_over_published": pred["predicted_step_time_s"] / c.published_step_time_s,
+                    "predicted_p10_step_time_s": lo, "predicted_p90_step_time_s": hi,
+                    "inside_p10_p90": lo is not None and lo <= c.published_step_time_s <= hi})
     return out
 
 
@@ -136,7 +140,8 @@ def _summary(rows: list[dict], key) -> dict:
     out = {}
     for k in sorted({key(r) for r in rows}):
         ape = [abs(r["predicted_over_published"] - 1) * 100 for r in rows if key(r) == k]
-        out[k] = {"rows": len(ape), "mape": round(float(np.mean(ape)), 2), "max_ape": round(float(np.max(ape)), 2)}
+        out[k] = {"rows": len(ape), "mape": round(float(np.mean(ape)), 2), "max_ape": round(float(np.max(ape)), 2),
+                  "inside_p10_p90": sum(r["inside_p10_p90"] for r in rows if key(r) == k)}
     return out
 
 
@@ -154,6 +159,12 @@ def check(path: Path) -> dict:
     return out
 
 
+def _interval(r: dict) -> str:
+    lo, hi = r["predicted_p10_step_time_s"], r["predicted_p90_step_time_s"]
+    band = f" ({lo:.2f}-{hi:.2f})" if lo is not None else ""
+    return f"{r['predicted_step_time_s']:.2f}{band}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
@@ -163,15 +174,15 @@ def main() -> int:
     for name, g in res.items():
         print(f"{name}:")
         print(f"  {'GPU':<6} {'prec':<5} {'GPUs':>5} {'layers':>6} {'seq':>8} {'tp':>3} {'pp':>3} {'cp':>3} {'ep':>3} "
-              f"{'dp':>3} {'published s':>12} {'predicted s':>12} {'pred / pub':>10}")
+              f"{'dp':>3} {'published s':>12} {'predicted s (P10-P90)':>24} {'pred / pub':>10}")
         for r in g["rows"]:
             print(f"  {r['gpu_type']:<6} {r['precision']:<5} {r['gpus']:>5} {r['layers']:>6} {r['seq_len']:>8} "
                   f"{r['tp']:>3} {r['pp']:>3} {r['cp']:>3} {r['ep']:>3} {r['dp']:>3} "
-                  f"{r['published_step_time_s']:>12.2f} {r['predicted_step_time_s']:>12.2f} "
-                  f"{r['predicted_over_published']:>10.2f}")
+                  f"{r['published_step_time_s']:>12.2f} {_interval(r):>24} {r['predicted_over_published']:>10.2f}")
         for by in ("by_gpu", "by_precision"):
             for k, s in g[by].items():
-                print(f"  {k}: {s['rows']} rows, MAPE {s['mape']:.1f}% (largest {s['max_ape']:.1f}%)")
+                print(f"  {k}: {s['rows']} rows, MAPE {s['mape']:.1f}% (largest {s['max_ape']:.1f}%), "
+                      f"{s['inside_p10_p90']} inside their P10-P90")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

@@ -305,9 +305,11 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (
         1 if a.flag("use_distributed_optimizer") else 0)
     gbs = global_batch or a.int("global_batch_size", required=True)
+    # Megatron prints the expert tensor parallelism it resolved (None -> the tensor-parallel size); a log without
+    # it predates the option, when the experts were split over the tensor-parallel group: the same.
     try:
         plan = ParallelPlan(tp=tp, pp=pp, vpp=max(vpp, 1), dp=dp, cp=cp, ep=a.int("expert_model_parallel_size", default=1),
-                            etp=(a.int("expert_tensor_parallel_size", default=1, low=0) or 1) if model.is_moe else 1,
+                            etp=(a.int("expert_tensor_parallel_size", default=tp, low=0) or tp) if model.is_moe else 1,
                             sequence_parallel=a.flag("sequence_parallel"),
                             micro_batch=a.int("micro_batch_size", required=True), global_batch=gbs,
                             recompute=recompute, recompute_layers=layers, distributed_optimizer=zero >= 1,

@@ -611,6 +611,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     if pp == 1:
         vp = 1
     ep = _expert_parallel(_int(row.get("ep", "")) or 1, model, tp * cp * dp, assumed)
+    etp = _expert_tensor_parallel(row, model, framework, tp, ep, tp * cp * dp, assumed)
     mbs = _int(row.get("micro_batch", ""))
     if not mbs:
         if framework == "megatron-lm-2020":
@@ -660,7 +661,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     if split is not None:
         assumed.append(f"layers_per_stage={'/'.join(map(str, split))} (virtual stages filled first, "
                        f"the last takes the remainder with the loss)")
-    plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=1, sequence_parallel=sp, micro_batch=mbs,
+    plan = ParallelPlan(tp=tp, pp=pp, vpp=vp, dp=dp, cp=cp, ep=ep, etp=etp, sequence_parallel=sp, micro_batch=mbs,
                         global_batch=gbs, recompute=recompute, recompute_layers=recompute_layers,
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
@@ -798,6 +799,36 @@ def _expert_parallel(ep: int, model: ModelSpec, ranks: int, assumed: list[str]) 
               if model.num_experts % e == 0 and ranks % e == 0)
     assumed.append(f"ep={fit} (the row's ep={ep} does not divide the {model.num_experts} experts and the "
                    f"{ranks} tp x cp x dp ranks)")
+    return fit
+
+
+_ETP_NAMED = re.compile(r"(?<![a-z])(?:etp|expert[-_ ]tensor[-_ ]parallel(?:[-_ ]size)?)\s*[=: ]\s*(\d+)", re.I)
+
+
+def _expert_tensor_parallel(row: dict, model: ModelSpec, framework: str, tp: int, ep: int, ranks: int,
+                            assumed: list[str]) -> int:
+    """The expert tensor parallelism a MoE row ran: the notes' ETP where they give one; else, on megatron-core
+    with tp > 1, megatron-core's own default, the tensor-parallel size (parallel_state.initialize_model_parallel
+    and arguments.py: expert_tensor_parallel_size None -> tensor_model_parallel_size; before that option existed
+    the experts were split over the tensor-parallel group), except for Megatron-Bridge runs, whose performance
+    recipes set 1 (scripts/performance/configs/*_workload_base_configs.py: expert_tensor_parallel_size=1); 1 on
+    other stacks. ep x etp divides the tp x cp x dp ranks (megatron-core's expert model-parallel group), else
+    the largest etp up to it that does, said in ``assumed``."""
+    if not model.is_moe:
+        return 1
+    notes = row.get("notes") or ""
+    m = _ETP_NAMED.search(notes)
+    if m:
+        want, why = int(m.group(1)), "the row's notes"
+    elif framework == "megatron-core" and tp > 1 and not re.search(
+            r"bridge", " ".join(row.get(c) or "" for c in ("source_id", "framework", "notes")), re.I):
+        want, why = tp, "megatron-core's default, the tensor-parallel size, where a run sets none"
+    else:
+        return 1
+    fit = max(e for e in range(1, max(want, 1) + 1) if ranks % (ep * e) == 0 and (want % e == 0))
+    if fit != 1 or want != 1:
+        assumed.append(f"etp={fit} ({why}" + (f"; {want} x ep {ep} does not divide the {ranks} tp x cp x dp "
+                                              f"ranks)" if fit != want else ")"))
     return fit
 
 

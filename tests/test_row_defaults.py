@@ -240,6 +240,29 @@ def test_an_expert_parallelism_no_run_can_have_takes_the_largest_that_divides(tm
     assert _case(tmp_path, ep="8").plan.ep == 1
 
 
+def test_an_unpublished_expert_tensor_parallelism_is_what_the_stack_defaults_to(tmp_path):
+    # megatron-core splits the experts over the tensor-parallel group unless told otherwise
+    # (expert_tensor_parallel_size None -> tensor_model_parallel_size); Megatron-Bridge's recipes set 1.
+    grok = dict(model_name="Grok-1 314B", params_b="314", layers="64", hidden="6144", ffn_hidden="32768",
+                heads="48", kv_heads="8", vocab="131072", seq_len="8192", moe_experts="8", moe_topk="2",
+                num_gpus="512", tp="4", pp="8", vp="8", cp="2", ep="8", dp="8", global_batch="1024",
+                micro_batch="1", framework="megatron-core", notes="dgxc-benchmarking v24.11.1")
+    case = _case(tmp_path, **grok)
+    assert case.plan.etp == 4
+    assert "etp=4 (megatron-core's default, the tensor-parallel size, where a run sets none)" in case.assumed
+    assert _case(tmp_path, **{**grok, "notes": "Megatron-Bridge docs/performance-summary.md"}).plan.etp == 1
+    assert _case(tmp_path, **{**grok, "notes": "ETP=2"}).plan.etp == 2
+    assert _case(tmp_path, **{**grok, "framework": "torchtitan"}).plan.etp == 1
+    assert _case(tmp_path, **{**grok, "tp": "1", "dp": "32"}).plan.etp == 1
+    # ep x etp must divide the tp x cp x dp ranks of a stage: 8 x 4 does not divide 4 x 1 x 4.
+    small = _case(tmp_path, **{**grok, "num_gpus": "128", "cp": "1", "dp": "4", "global_batch": "256"})
+    assert small.plan.etp == 2
+    assert ("etp=2 (megatron-core's default, the tensor-parallel size, where a run sets none; 4 x ep 8 does not "
+            "divide the 16 tp x cp x dp ranks)") in small.assumed
+    # A dense model has none.
+    assert _case(tmp_path, framework="megatron-core").plan.etp == 1
+
+
 @pytest.mark.parametrize("upd, want, said", [
     # Thousands separators, as tables print GPU counts and batches.
     (dict(num_gpus="8,192"), dict(num_gpus=8192, global_batch=2048, seq_len=8192), None),

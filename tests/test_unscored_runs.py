@@ -49,8 +49,8 @@ def test_unfitted_runs_are_predicted_as_measured():
     assert all(abs(r["predicted_over_published"] - 1) < 0.08 for r in h100)
     assert res["long-context"]["by_gpu"]["H100"]["mape"] < 5.0
     assert all(r["inside_p10_p90"] for r in h100)
-    # Grok-1 (MoE, 8 experts top-2, ep 8) on another source than the one the MoE factors are fitted to: bf16
-    # within 8%, and every run fits as it ran.
+    # Grok-1 (MoE, 8 experts top-2, ep 8, the experts split over tp 4 as megatron-core does by default) on another
+    # source than the one the MoE factors are fitted to: each run within 7%, and each fits as it ran.
     grok = res["grok-1"]
     assert all(r["fits"] for r in grok["rows"])
-    assert grok["by_precision"]["bf16"]["max_ape"] < 8.0
+    assert grok["by_precision"]["bf16"]["max_ape"] < 7.0 and grok["by_precision"]["fp8"]["max_ape"] < 7.0

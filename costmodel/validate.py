@@ -741,15 +741,16 @@ def shard_replicas(z: str, notes: str, tp: int, dp_cp: int, edp: int, gpus_per_n
 
 
 _OPTIMIZER_OFFLOAD = re.compile(r"zero[-_ ]?offload|offload[-_ ]optimizer|optimizer[-_ ](?:cpu[-_ ])?offload"
-                                r"|cpu[-_ ]?adam|hybrid[-_ ]?device[-_ ]?optimizer")
+                                r"|cpu[-_ ]?adam|hybrid[-_ ]?device[-_ ]?optimizer"
+                                r"|zero[-_ ]?(?:stage[-_ ]?)?[1-3]\s*(?:\+|with|w/|and)\s*(?:cpu[-_ ]|nvme[-_ ])?offload")
 _OFFLOAD_FRACTION = re.compile(r"offload[-_ ]fraction\s*[=: ]\s*([01](?:\.\d+)?|\.\d+)")
 
 
 def optimizer_offload_named(z: str, notes: str) -> float:
     """The share of the optimizer state a row's sharding column or notes (lower-cased) put in host memory:
-    DeepSpeed ZeRO-Offload, offload_optimizer, CPU-Adam, megatron-core --optimizer-cpu-offload (with
-    --optimizer-offload-fraction F: F, else all of it); 0 where none is named. Activation offloading
-    (--cpu-offloading, the recompute column) is not this."""
+    DeepSpeed ZeRO-Offload ('ZeRO-Offload', 'ZeRO-3 + CPU offload'), offload_optimizer, CPU-Adam, megatron-core
+    --optimizer-cpu-offload (with --optimizer-offload-fraction F: F, else all of it); 0 where none is named.
+    Activation offloading (--cpu-offloading, the recompute column) is not this."""
     for text in (z, notes):
         if _OPTIMIZER_OFFLOAD.search(text):
             m = _OFFLOAD_FRACTION.search(text)

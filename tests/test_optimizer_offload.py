@@ -157,6 +157,9 @@ def test_published_rows_name_zero_offload_and_a_run_that_fits_no_other_way_offlo
     assert optimizer_offload_named("zero-offload (zero-2 + cpu optimizer)", "") == 1.0
     assert optimizer_offload_named("distributed optimizer", "--optimizer-cpu-offload --optimizer-offload-fraction 0.5") == 0.5
     assert optimizer_offload_named("zero-2", "cpu_offloading_num_layers=40") == 0.0   # activations, not this
+    assert optimizer_offload_named("zero-3 + offload", "") == 1.0
+    assert optimizer_offload_named("zero stage 2 with cpu offload", "") == 1.0
+    assert optimizer_offload_named("zero-3", "") == 0.0
 
 
 def _gpt2_10b_row(**upd):

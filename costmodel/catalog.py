@@ -138,6 +138,25 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5,
              moe_router_groups=8, moe_router_group_topk=4, moe_router_norm_topk=True),
     ),
+    # Kimi K2 (1.04T total / 32B active). Moonshot AI 2025, "Kimi K2: Open Agentic Intelligence" / HF
+    # moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture (DeepseekV3ForCausalLM) with 61 layers,
+    # 7168, intermediate 18432, moe_intermediate 2048, 64 heads, kv_lora_rank 512, q_lora_rank 1536, qk_nope 128,
+    # qk_rope 64, v_head 128, 384 routed + 1 shared experts, top-8, first_k_dense_replace 1, n_group 1 / topk_group 1
+    # (no group-limited routing), vocab 163840, num_nextn_predict_layers 0, untied; rope_theta 50000, rope_scaling
+    # yarn factor 32 / original 4096 / beta_fast 1 / beta_slow 1 / mscale 1.0 / mscale_all_dim 1.0, rms_norm_eps
+    # 1e-06, scoring_func sigmoid, topk_method noaux_tc (expert bias), routed_scaling_factor 2.827, norm_topk_prob
+    # true. Pretrained with the Muon optimizer (MuonClip), which the cost model does not price (it prices Adam).
+    "kimi-k2": (
+        ("kimik2", "kimi-k2-1t", "moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct"),
+        dict(layers=61, hidden=7168, ffn_hidden=18432, heads=64, head_dim=128, vocab=163840,
+             seq_len=4096, num_experts=384, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
+             dense_layers=1, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
+             mla_v_head_dim=128, mtp_layers=0, **_LLAMA, norm_epsilon=1e-6, qk_norm=True,
+             rotary_base=50000.0, rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096,
+                                                     beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.827,
+             moe_router_norm_topk=True),
+    ),
     # Qwen3-30B-A3B. Qwen Team 2025, "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-30B-A3B
     # config.json (48 layers, 2048, 32 Q / 4 KV heads x 128, 128 experts top-8,
     # moe_intermediate 768, intermediate 6144 unused, vocab 151936, untied; rope_theta 1e6, rms_norm_eps

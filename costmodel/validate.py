@@ -92,7 +92,7 @@ def published_step_time(row: dict) -> float:
 
 # Catalog entries whose architecture details (MLA, head width, leading dense layers, shared experts,
 # vocabulary) fill what a row leaves out, matched on the row's model name.
-_FAMILY = (("deepseek-v3", "deepseek-v3"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
+_FAMILY = (("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
            ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
            ("nemotron-340b", "nemotron4-340b"))
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok")

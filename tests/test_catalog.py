@@ -84,6 +84,7 @@ PUBLISHED_TOTAL = {
     "gpt3-175b": 175e9,
     "mixtral-8x7b": 46.7e9,
     "deepseek-v3": 671e9,
+    "kimi-k2": 1.04e12,
     "qwen3-30b-a3b": 30.5e9,
     "qwen3-235b-a22b": 235e9,
     "gpt-oss-120b": 116.83e9,
@@ -94,6 +95,7 @@ PUBLISHED_TOTAL = {
 PUBLISHED_ACTIVE = {
     "mixtral-8x7b": 12.9e9,
     "deepseek-v3": 37e9,
+    "kimi-k2": 32e9,
     "qwen3-30b-a3b": 3.3e9,
     "qwen3-235b-a22b": 22e9,
     "gpt-oss-120b": 5.13e9,  # the model card leaves the embedding lookup out of "active"

@@ -38,6 +38,16 @@ GPT_OSS_UNEXPRESSED = (
     "router bias (the router's linear layer has a bias)",
     "attention sinks (a learned per-head logit in every attention softmax)",
 )
+# DeepSeek-V3's fields (its entry below cites them); Kimi K2 is the same architecture with other sizes.
+_DEEPSEEK_V3 = dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
+                    seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
+                    dense_layers=3, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
+                    mla_v_head_dim=128, mtp_layers=1, **_LLAMA, norm_epsilon=1e-6, qk_norm=True,
+                    rotary_base=10000.0, rope_scaling=dict(type="yarn", factor=40.0,
+                                                           original_max_position_embeddings=4096, beta_fast=32.0,
+                                                           beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                    moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5,
+                    moe_router_groups=8, moe_router_group_topk=4, moe_router_norm_topk=True)
 _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Llama 2 7B. Touvron et al. 2023, "Llama 2", Table 1 / HF meta-llama/Llama-2-7b-hf
     # config.json (32 layers, 4096, intermediate 11008, 32 heads MHA, vocab 32000, 4k context;
@@ -127,17 +137,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # mscale_all_dim 1.0, rms_norm_eps 1e-06, scoring_func sigmoid, topk_method noaux_tc (expert bias),
     # routed_scaling_factor 2.5, n_group 8, topk_group 4, norm_topk_prob true; modeling_deepseek.py normalises
     # the q and kv latents (q_a_layernorm, kv_a_layernorm): Megatron's --qk-layernorm with MLA).
-    "deepseek-v3": (
-        ("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"),
-        dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
-             seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
-             dense_layers=3, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
-             mla_v_head_dim=128, mtp_layers=1, **_LLAMA, norm_epsilon=1e-6, qk_norm=True,
-             rotary_base=10000.0, rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
-                                                     beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
-             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5,
-             moe_router_groups=8, moe_router_group_topk=4, moe_router_norm_topk=True),
-    ),
+    "deepseek-v3": (("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"), _DEEPSEEK_V3),
     # Kimi K2 (1.04T total / 32B active). Moonshot AI 2025, "Kimi K2: Open Agentic Intelligence" / HF
     # moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture (DeepseekV3ForCausalLM) with 61 layers,
     # 7168, intermediate 18432, moe_intermediate 2048, 64 heads, kv_lora_rank 512, q_lora_rank 1536, qk_nope 128,
@@ -148,14 +148,13 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # true. Pretrained with the Muon optimizer (MuonClip), which the cost model does not price (it prices Adam).
     "kimi-k2": (
         ("kimik2", "kimi-k2-1t", "moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct"),
-        dict(layers=61, hidden=7168, ffn_hidden=18432, heads=64, head_dim=128, vocab=163840,
-             seq_len=4096, num_experts=384, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
-             dense_layers=1, mla_kv_lora_rank=512, mla_q_lora_rank=1536, mla_rope_dim=64,
-             mla_v_head_dim=128, mtp_layers=0, **_LLAMA, norm_epsilon=1e-6, qk_norm=True,
-             rotary_base=50000.0, rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096,
-                                                     beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
-             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.827,
-             moe_router_norm_topk=True),
+        {**_DEEPSEEK_V3, **dict(heads=64, vocab=163840, num_experts=384, dense_layers=1, mtp_layers=0,
+                                rotary_base=50000.0, rope_scaling=dict(type="yarn", factor=32.0,
+                                                                       original_max_position_embeddings=4096,
+                                                                       beta_fast=1.0, beta_slow=1.0, mscale=1.0,
+                                                                       mscale_all_dim=1.0),
+                                moe_router_topk_scaling=2.827, moe_router_groups=None,
+                                moe_router_group_topk=None)},
     ),
     # Qwen3-30B-A3B. Qwen Team 2025, "Qwen3 Technical Report", Table 2 / HF Qwen/Qwen3-30B-A3B
     # config.json (48 layers, 2048, 32 Q / 4 KV heads x 128, 128 experts top-8,

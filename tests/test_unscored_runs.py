@@ -3,6 +3,8 @@ the cost model is never fitted to."""
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from costmodel.flops import total_params
@@ -58,3 +60,16 @@ def test_unfitted_runs_are_predicted_as_measured():
     kimi = res["kimi-k2"]["rows"]
     assert len(kimi) == 4 and all(r["fits"] and r["layers"] == 61 and r["ep"] == 64 for r in kimi)
     assert all(0.7 < r["predicted_over_published"] < 0.85 for r in kimi)
+
+
+def test_a_csv_without_any_group_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    other = tmp_path / "other.csv"
+    fields, rows = ur._read(ur.DEFAULT_CSV)
+    with other.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(r for r in rows if r["scored"] == "true")
+    monkeypatch.setattr("sys.argv", ["unscored_runs.py", str(other)])
+    assert ur.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no rows of any group (long-context, grok-1, kimi-k2)" in err

@@ -92,9 +92,9 @@ def published_step_time(row: dict) -> float:
 
 # Catalog entries whose architecture details (MLA, head width, leading dense layers, shared experts,
 # vocabulary) fill what a row leaves out, matched on the row's model name.
-_FAMILY = (("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"),
-           ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"), ("nemotron4-340b", "nemotron4-340b"),
-           ("nemotron-340b", "nemotron4-340b"))
+_FAMILY = (("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"),
+           ("qwen3-235b", "qwen3-235b-a22b"), ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"),
+           ("nemotron4-340b", "nemotron4-340b"), ("nemotron-340b", "nemotron4-340b"))
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok")
 # What a model name says of a row outside the catalog's families, for the fields the row leaves blank.
 # Llama 2: the Llama 1 tokenizer's 32,000 tokens (Touvron et al. 2023, "Llama 2", Sec. 2.1). Nemotron-3/-4
@@ -742,7 +742,8 @@ def shard_replicas(z: str, notes: str, tp: int, dp_cp: int, edp: int, gpus_per_n
 
 _OPTIMIZER_OFFLOAD = re.compile(r"zero[-_ ]?offload|offload[-_ ]optimizer|optimizer[-_ ](?:cpu[-_ ])?offload"
                                 r"|cpu[-_ ]?adam|hybrid[-_ ]?device[-_ ]?optimizer"
-                                r"|zero[-_ ]?(?:stage[-_ ]?)?[1-3]\s*(?:\+|with|w/|and)\s*(?:cpu[-_ ]|nvme[-_ ])?offload")
+                                r"|zero[-_ ]?(?:stage[-_ ]?)?[1-3]\s*(?:\+|with|w/|and)\s*"
+                                r"(?:cpu[-_ ]|nvme[-_ ])?offload")
 _OFFLOAD_FRACTION = re.compile(r"offload[-_ ]fraction\s*[=: ]\s*([01](?:\.\d+)?|\.\d+)")
 
 

@@ -81,10 +81,10 @@ def _read(path: Path) -> tuple[list[str], list[dict]]:
         return list(reader.fieldnames or []), list(reader)
 
 
-def long_context_rows(path: Path) -> list[dict]:
+def long_context_rows(rows: list[dict]) -> list[dict]:
     """NEMO_LONGSEQ's rows with a published layout, as scored rows with the step time NeMo's formula gives."""
     out = []
-    for r in _read(path)[1]:
+    for r in rows:
         if r["source_id"] != LONG_CONTEXT_SOURCE or not r["tp"].strip():
             continue
         deg = {k: int(r[k] or 1) for k in ("tp", "pp", "cp", "dp")}
@@ -98,16 +98,16 @@ def long_context_rows(path: Path) -> list[dict]:
     return out
 
 
-def grok1_rows(path: Path) -> list[dict]:
+def grok1_rows(rows: list[dict]) -> list[dict]:
     """The Grok-1 rows on GROK1_MIN_GPUS or more GPUs, with the published architecture's widths, as scored rows."""
-    return [{**r, **GROK1_COLUMNS, "scored": "true"} for r in _read(path)[1]
+    return [{**r, **GROK1_COLUMNS, "scored": "true"} for r in rows
             if r["model_name"].lower().startswith("grok-1") and r["step_time_s"].strip()
             and int(r["num_gpus"]) >= GROK1_MIN_GPUS]
 
 
-def kimi_k2_rows(path: Path) -> list[dict]:
+def kimi_k2_rows(rows: list[dict]) -> list[dict]:
     """The Kimi K2 rows with a step time, as scored rows (their widths come from the catalog by name)."""
-    return [{**r, "scored": "true"} for r in _read(path)[1]
+    return [{**r, "scored": "true"} for r in rows
             if r["model_name"].lower().startswith("kimi-k2") and r["step_time_s"].strip()]
 
 
@@ -159,10 +159,10 @@ def _summary(rows: list[dict], key) -> dict:
 def check(path: Path) -> dict:
     """{group: {"rows": [...], "by_gpu": {...}, "by_precision": {...}}} for every group of GROUPS with rows in
     the CSV."""
-    fields = _read(path)[0]
+    fields, csv_rows = _read(path)
     out = {}
     for name, rows_of in GROUPS.items():
-        rows = rows_of(path)
+        rows = rows_of(csv_rows)
         if not rows:
             continue   # a CSV without this group's rows
         scored = predict_rows(rows, fields)

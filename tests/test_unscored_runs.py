@@ -23,7 +23,7 @@ def test_nemo_formula_counts_attention_without_the_causal_half():
 
 
 def test_long_context_rows_become_step_times_on_their_layouts_gpus():
-    rows = ur.long_context_rows(ur.DEFAULT_CSV)
+    rows = ur.long_context_rows(ur._read(ur.DEFAULT_CSV)[1])
     assert len(rows) == 17 and all(r["scored"] == "true" for r in rows)
     h100_1m = next(r for r in rows if r["gpu_type"] == "H100" and r["seq_len"] == "1048576")
     assert h100_1m["num_gpus"] == "1024"                      # tp8 x cp32 x dp4
@@ -34,7 +34,7 @@ def test_long_context_rows_become_step_times_on_their_layouts_gpus():
 
 
 def test_grok1_rows_take_the_published_architecture():
-    rows = ur.grok1_rows(ur.DEFAULT_CSV)
+    rows = ur.grok1_rows(ur._read(ur.DEFAULT_CSV)[1])
     assert len(rows) == 14 and {r["precision"] for r in rows} == {"bf16", "fp8"}
     assert min(int(r["num_gpus"]) for r in rows) == 32 and max(int(r["num_gpus"]) for r in rows) == 2048
     full = [c for c in ur.cases_of(rows, ur._read(ur.DEFAULT_CSV)[0]) if c.model.layers == 64]

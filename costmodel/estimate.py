@@ -82,6 +82,14 @@ MOE_HOST_PER_EXPERT_S = 90e-6
 # where the un-calibrated shape curve gives 7.6 us: 12.5 us more with the faster kernel, taken here. Forward
 # runs two such GEMMs per local expert (fc1, fc2), backward four (dgrad and wgrad of each).
 GROUPED_GEMM_FIXED_S = 12.5e-6
+# HBM elements per routed token and expert-width unit that a clamped GLU activation (ModelSpec.activation_clamp,
+# gpt-oss's swiglu_limit) moves outside the fused activation kernel: megatron-core 0.16.1
+# fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl clamps each half of the fc1 output (reads and
+# writes ffn elements each: 4) and concatenates them again (reads and writes 2 x ffn: 4) before the fused
+# kernel runs (transformer/mlp.py does the same for a dense MLP). Backward is priced at twice the forward, as every
+# element-wise term here; the clamps' and concatenation's own backward moves about 10 x ffn. Read off the code,
+# not fitted.
+GLU_CLAMP_ELEMENTS = 8.0
 # Share of the GPU's SMs the all-to-all kernels hold while they run beside another micro-batch's compute
 # (megatron-core --overlap-moe-expert-parallel-comm): DeepSeek-V3 dispatches and combines on 20 of the H800's
 # 132 SMs and finds that enough for the IB and NVLink bandwidth (DeepSeek-V3 Technical Report,
@@ -247,13 +255,18 @@ def _gemm(c: SimpleNamespace, flops, min_dim):
     return compute.gemm_time_s(c.prof, c.dtype, flops, min_dim)
 
 
+def _clamp_elements(model: ModelSpec) -> float:
+    """Extra element-wise elements per token and unit of MLP width of a clamped GLU (GLU_CLAMP_ELEMENTS)."""
+    return GLU_CLAMP_ELEMENTS if (model.activation_clamp is not None and model.gated_mlp) else 0.0
+
+
 def _mlp_block(c: SimpleNamespace, ffn, tok, width_div):
     """(GEMM seconds, memory-bound elements) of one MLP of width ``ffn`` over ``tok`` tokens, split
     ``width_div`` ways."""
     model, h = c.model, c.h
     flops = 2.0 * tok * mlp_params(model, ffn) / width_div
     mn = np.minimum.reduce([tok, np.full(c.n, float(h)), np.full(c.n, float(ffn)) / width_div])
-    elems = tok * ((3 if model.gated_mlp else 2) * ffn) / width_div
+    elems = tok * ((3 if model.gated_mlp else 2) + _clamp_elements(model)) * ffn / width_div
     if c.fp8:
         elems = elems + tok * c.q * (h + ffn / width_div)
     return _gemm(c, flops, mn), elems
@@ -352,8 +365,9 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     exp_flops = 2.0 * gathered * k_top * mlp_params(model, model.expert_ffn) / etp * imb
     mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
     t_experts = _gemm(c, exp_flops, mn)
-    elem_exp = gathered * k_top * imb * ((3 if model.gated_mlp else 2) * model.expert_ffn / etp
-                                         + 4 * h)  # activation + permute/unpermute copies
+    # activation (with a clamped GLU's clamps and concatenation) + permute/unpermute copies
+    act = (3 if model.gated_mlp else 2) + _clamp_elements(model)
+    elem_exp = gathered * k_top * imb * (act * model.expert_ffn / etp + 4 * h)
     if c.fp8:
         elem_exp = elem_exp + gathered * k_top * c.q * (h + model.expert_ffn / etp)
     etp_k, etp_N = comm.group_span(1, etp, c.D)

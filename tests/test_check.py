@@ -192,10 +192,10 @@ def test_expert_imbalance(name, h100x512):
     s0, s1 = f.predicted["step_time_s"]
     assert s0 == pytest.approx(estimate(model, h100x512, plan, moe_imbalance=1.6).step_time_s)
     assert s1 == pytest.approx(estimate(model, h100x512, plan).step_time_s)
-    # Balancing saves 5-24% here (Qwen3 about 5% after the refits with the scale terms and 2-byte FP8 weights: the
-    # balanced step also carries 512 GPUs' straggler share and ~57 expert-gradient buckets' NCCL latency, which
-    # routing does not move).
-    assert f.gain < -0.04
+    # Balancing saves 3.5-24% here (Qwen3 about 3.9% after the refits with the scale terms, 2-byte FP8 weights and
+    # the clamped-GLU passes: the balanced step also carries 512 GPUs' straggler share and ~57 expert-gradient
+    # buckets' NCCL latency, which routing does not move).
+    assert f.gain < -0.035
     assert "expert load 1.60x -> 1.00x" in format_findings([f])[0]
     _check_alternatives(model, h100x512, plan, findings, moe_imbalance=1.6)
     # Balanced routing, a mild imbalance or a dense model: no expert finding.

@@ -310,11 +310,29 @@ def _check_split(layers_per_stage: Sequence[int], vpp: int, multiples: bool = Tr
     return lps
 
 
+def chunk_layers(layers_per_stage: Sequence[int], vpp: int) -> list[list[int]]:
+    """Decoder layers of each pipeline rank's ``vpp`` model chunks as :func:`megatron_layout` writes them: as even
+    as possible, later chunks taking the remainder, except on the last rank, whose last chunk also holds the
+    output layer and loss (its earlier chunks take it).
+
+    >>> chunk_layers((7, 8, 8, 7), 4)
+    [[1, 2, 2, 2], [2, 2, 2, 2], [2, 2, 2, 2], [2, 2, 2, 1]]
+    """
+    pp = len(layers_per_stage)
+    out = []
+    for r, n in enumerate(layers_per_stage):
+        base, rem = divmod(int(n), vpp)
+        out.append([base + (1 if (v < rem if r == pp - 1 else v >= vpp - rem) else 0) for v in range(vpp)])
+    return out
+
+
 def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: bool = True, mtp: int = 0) -> str:
     """megatron-core's ``--pipeline-model-parallel-layout`` string for a split.
 
     Each pipeline rank's layers are divided over its ``vpp`` model chunks as evenly as possible (later
-    chunks take the remainder; megatron-core's layout allows unequal virtual stages); the string lists
+    chunks take the remainder, except on the last rank, whose last chunk also holds the output layer and loss:
+    there the earlier chunks take it, so that no chunk outweighs the others' and stalls the interleaved
+    schedule; megatron-core's layout allows unequal virtual stages); the string lists
     the pp*vpp virtual stages in layer order (chunk v of rank r is entry v*pp + r), ``E`` opening
     the first and ``mtp`` MTP modules ``m`` and ``L`` closing the last. With ``compact``, a stage's layers are written ``t*n``
     and runs of equal stages ``(...|)*k``; otherwise every layer is one ``t``. Quote it for a shell.
@@ -327,11 +345,11 @@ def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: b
     lps = _check_split(layers_per_stage, vpp, multiples=False)
     pp = len(lps)
     total = pp * vpp
+    chunks = chunk_layers(lps, vpp)
     stages = []
     for k in range(total):
         v, r = divmod(k, pp)
-        base, rem = divmod(lps[r], vpp)
-        n = base + (1 if v >= vpp - rem else 0)
+        n = chunks[r][v]
         body = "t" * n if not compact or n < 2 else f"t*{n}"
         stages.append(("E" if k == 0 else "") + body + ("m" * mtp + "L" if k == total - 1 else ""))
     if not compact:

@@ -502,6 +502,6 @@ class StepEstimate(FrozenSpec):
     memory_capacity_bytes: float
     """Usable memory of one GPU."""
     fits: bool
-    """Whether every stage's peak fits the GPU."""
+    """Whether every stage's peak fits the GPU (and what the plan offloads, the host's share of its memory)."""
     memory_breakdown_bytes: dict[str, float]
     """Peak-stage memory per component (weights, grads, optimizer, activations, buffers)."""

@@ -19,6 +19,9 @@ recompute_gap      peak memory the run holds with selective recompute where the 
                    stack cannot run it as priced (costmodel.rules                 Transformer
                    selective_runs_as_priced): recompute none's                    Engine (warn)
 expert_imbalance   hottest expert rank's load over the mean (moe_imbalance)       > 1.2 (warn)
+uneven_chunks      Megatron's interleaved schedule run op by op with the layout's  heaviest stages'
+                   chunks (costmodel.pipeline.interleaved_schedule_s) over the     chunks unequal
+                   closed form the estimate prices                                 (warn)
 rule_note          costmodel.rules.schedule_notes (launch settings)               always (info)
 =================  ===========================================================  ===============
 
@@ -56,7 +59,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from costmodel.compute import gemm_dtype
 from costmodel.estimate import estimate, estimate_arrays
-from costmodel.plan import ParallelPlan, PlanArrays, even_split, node_replicas
+from costmodel.pipeline import interleaved_schedule_s, pipeline_time_s
+from costmodel.plan import ParallelPlan, PlanArrays, chunk_layers, even_split, node_replicas
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, selective_runs_as_priced, violations
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
@@ -65,7 +69,7 @@ __all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", 
            "predict"]
 
 FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
-                      "recompute_gap", "memory_low", "expert_imbalance", "rule_note"]
+                      "recompute_gap", "memory_low", "expert_imbalance", "uneven_chunks", "rule_note"]
 
 THRESHOLDS = {
     "compute_efficiency": 0.60,   # below: finding
@@ -95,8 +99,8 @@ FIGURE = {
     "memory_low": ("memory_fraction", False),
     "expert_imbalance": ("moe_imbalance", True),
 }
-_ORDER = ("memory_high", "recompute_gap", "bubble", "stage_imbalance", "communication", "compute_efficiency",
-          "expert_imbalance", "memory_low", "rule_note")
+_ORDER = ("memory_high", "recompute_gap", "bubble", "stage_imbalance", "uneven_chunks", "communication",
+          "compute_efficiency", "expert_imbalance", "memory_low", "rule_note")
 
 
 class Finding(BaseModel):
@@ -420,7 +424,8 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     est = est if est is not None else predict(model, cluster, plan, load, profile=prof, moe_imbalance=moe_imbalance)
     d = _Diagnosis(model, cluster, plan, est, prof, neighbours(model, cluster, plan), routing, placement, load,
                    moe_imbalance)
-    found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + d.memory() + d.pipeline()
+    found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + _uneven_chunks(plan)
+             + d.memory() + d.pipeline()
              + d.communication() + d.compute() + d.experts())
     for note in schedule_notes(plan):
         found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
@@ -447,6 +452,32 @@ def _recompute_gap(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, e
                     suggestion="--recompute none prices what runs; full recompute or offloading frees activations "
                                "megatron-core can free",
                     predicted={"peak_memory_bytes": [priced, holds]})]
+
+
+def _uneven_chunks(plan: ParallelPlan) -> list[Finding]:
+    """An interleaved plan whose heaviest stages split into unequal chunks (an explicit split; the planner offers
+    none): the estimate prices each stage's total, the schedule runs at the pace of its larger chunks. The slowdown
+    is the op-by-op schedule over the closed form for chunk times proportional to their layers (backward twice the
+    forward, the edge stages' embedding and output layer left out)."""
+    if plan.vpp <= 1 or plan.pp <= 1 or plan.layers_per_stage is None:
+        return []
+    lps = [int(n) for n in plan.layers_per_stage]
+    heaviest = max(lps)
+    if heaviest % plan.vpp == 0:
+        return []
+    chunks = np.array(chunk_layers(lps, plan.vpp), dtype=float)
+    m = plan.num_microbatches
+    stage = 3.0 * chunks.sum(axis=1)[None, :]
+    closed = float(pipeline_time_s(stage, np.ones_like(stage), m, plan.vpp)[0][0])
+    slow = interleaved_schedule_s(chunks, 2.0 * chunks, m) / closed - 1.0
+    even = [v for v in divisors(heaviest) if 1 < v <= min(lps)] or [1]
+    pattern = "/".join(str(int(x)) for x in chunks[lps.index(heaviest)])
+    return [Finding(kind="uneven_chunks", severity="warn",
+                    message=f"vpp {plan.vpp} splits the heaviest stages' {heaviest} layers into unequal chunks "
+                            f"({pattern}): Megatron's interleaved schedule runs them about {100 * slow:.0f}% "
+                            f"slower than the estimate prices",
+                    suggestion=f"vpp {', '.join(map(str, even))} splits them evenly",
+                    predicted={"schedule_over_priced": [1.0, 1.0 + slow]})]
 
 
 class _Diagnosis:

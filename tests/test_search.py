@@ -241,7 +241,7 @@ def test_neighbours_are_valid_single_steps_and_repairs_two(m70):
 
 
 def test_polish_climbs_from_two_steps_away_to_the_exhaustive_optimum():
-    """405B on 16,384 H100: from every plan two single-knob steps from the exhaustive optimum (vpp 5 where 7
+    """405B on 16,384 H100: from every plan two single-knob steps from the exhaustive optimum (vpp 2 where 4
     is best, cp 8 with micro-batch 2, ...), the polish sweep reaches the optimum within 20 trials."""
     model, cluster = get_model("405b"), load_cluster("h100x16384")
     ex = exhaustive(model, cluster, GB)
@@ -250,7 +250,7 @@ def test_polish_climbs_from_two_steps_away_to_the_exhaustive_optimum():
     probe = Objective(space, default_cost, ("time",), "categorical", penalise=False)
     near = set(probe.neighbours(best))
     starts = sorted({n2 for n in near for n2 in probe.neighbours(n)} - near - {best})
-    assert len(starts) >= 8
+    assert len(starts) >= 6
     for start in starts:
         obj = Objective(space, default_cost, ("time",), "categorical", penalise=False)
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

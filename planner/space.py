@@ -138,7 +138,8 @@ def candidate_columns(model: ModelSpec, cluster: ClusterSpec, global_batch: int,
         per_stage = model.layers // pp
         if uneven:
             # Uneven splits are emitted as megatron-core layout strings, whose virtual stages may differ in
-            # size: any vpp up to the layers per stage.
+            # size: any vpp up to the layers per stage here; valid_plans keeps those that split the heaviest
+            # stages of the solved split evenly.
             vpps = [v for v in range(1, MAX_VPP + 1) if per_stage >= v] if pp > 1 else [1]
         else:
             vpps = [v for v in divisors(per_stage) if v <= MAX_VPP] if pp > 1 else [1]

@@ -326,6 +326,12 @@ def chunk_layers(layers_per_stage: Sequence[int], vpp: int) -> list[list[int]]:
     return out
 
 
+def unequal_chunks(layers_per_stage: Sequence[int], vpp: int) -> bool:
+    """Whether ``vpp`` model chunks split the heaviest stages' layers unequally (the interleaved schedule then runs
+    at the pace of their larger chunks, slower than the closed form of costmodel/pipeline.py prices)."""
+    return vpp > 1 and max(int(n) for n in layers_per_stage) % vpp != 0
+
+
 def megatron_layout(layers_per_stage: Sequence[int], vpp: int = 1, *, compact: bool = True, mtp: int = 0) -> str:
     """megatron-core's ``--pipeline-model-parallel-layout`` string for a split.
 

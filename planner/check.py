@@ -60,7 +60,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from costmodel.compute import gemm_dtype
 from costmodel.estimate import estimate, estimate_arrays
 from costmodel.pipeline import interleaved_schedule_s, pipeline_time_s
-from costmodel.plan import ParallelPlan, PlanArrays, chunk_layers, even_split, node_replicas
+from costmodel.plan import (ParallelPlan, PlanArrays, chunk_layers, even_split, node_replicas,
+                            unequal_chunks)
 from costmodel.profiles import load_profile
 from costmodel.rules import divisors, schedule_notes, selective_runs_as_priced, violations
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
@@ -459,12 +460,10 @@ def _uneven_chunks(plan: ParallelPlan) -> list[Finding]:
     none): the estimate prices each stage's total, the schedule runs at the pace of its larger chunks. The slowdown
     is the op-by-op schedule over the closed form for chunk times proportional to their layers (backward twice the
     forward, the edge stages' embedding and output layer left out)."""
-    if plan.vpp <= 1 or plan.pp <= 1 or plan.layers_per_stage is None:
+    if plan.pp <= 1 or plan.layers_per_stage is None or not unequal_chunks(plan.layers_per_stage, plan.vpp):
         return []
     lps = [int(n) for n in plan.layers_per_stage]
     heaviest = max(lps)
-    if heaviest % plan.vpp == 0:
-        return []
     chunks = np.array(chunk_layers(lps, plan.vpp), dtype=float)
     m = plan.num_microbatches
     stage = 3.0 * chunks.sum(axis=1)[None, :]

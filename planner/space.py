@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel, layout_label
+from costmodel.plan import RECOMPUTE_CODE, ParallelPlan, PlanArrays, data_parallel, layout_label, unequal_chunks
 from costmodel.profiles import transformer_engine_runs
 from costmodel.rules import divisors, selective_runs_as_priced, valid_mask
 from costmodel.specs import ClusterSpec, ModelSpec
@@ -190,30 +190,28 @@ def valid_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, **kw)
     ok = valid_mask(model, mask_cols, cluster.num_gpus)
     sel = {k: v[ok] for k, v in cols.items()}
     uneven = sel.pop("uneven")
-    splits = {}
-    if uneven.any():
-        keys = zip(sel["pp"][uneven], sel["vpp"][uneven], sel["tp"][uneven], sel["ep"][uneven])
-        for key in sorted({tuple(int(x) for x in k) for k in keys}):
-            pp, vpp, tp, ep = key
-            split = uneven_split(model, cluster, pp, global_batch, vpp, tp=tp, ep=ep)
-            rows = uneven & (sel["pp"] == pp) & (sel["vpp"] == vpp) & (sel["tp"] == tp) & (sel["ep"] == ep)
-            if max(split) % vpp:
-                # The heaviest stages' virtual chunks would differ in size. The estimate prices a stage's total, and
-                # the interleaved schedule runs at the pace of its larger chunks: simulated (Megatron's interleaved
-                # 1F1B order, 126 layers on pp 16 at vpp 7: chunks of 2 and 1 layers) 6-9% slower than priced.
-                # Only vpp that split the heaviest stages evenly are offered (lighter stages' smaller chunks cost
-                # nothing; costmodel/pipeline.py interleaved_schedule_s).
-                keep = ~rows
-                sel = {k: v[keep] for k, v in sel.items()}
-                uneven = uneven[keep]
-                continue
-            splits[key] = split
-    plans = PlanArrays.from_columns(len(uneven), **sel)
+    # The solved split of each uneven (pp, vpp, tp, ep), and the rows whose heaviest stages it would split into
+    # unequal virtual chunks: the estimate prices a stage's total, the interleaved schedule runs at the pace of its
+    # larger chunks (simulated with Megatron's interleaved 1F1B order, 126 layers on pp 16 at vpp 7, chunks of 2
+    # and 1 layers: 6-10% slower than priced; costmodel/pipeline.py interleaved_schedule_s), so only vpp that split
+    # the heaviest stages evenly are offered (lighter stages' smaller chunks cost nothing).
+    splits, rows_of, drop = {}, {}, np.zeros(len(uneven), bool)
+    keys = zip(sel["pp"][uneven], sel["vpp"][uneven], sel["tp"][uneven], sel["ep"][uneven])
+    for key in sorted({tuple(int(x) for x in k) for k in keys}):
+        pp, vpp, tp, ep = key
+        split = uneven_split(model, cluster, pp, global_batch, vpp, tp=tp, ep=ep)
+        rows = uneven & (sel["pp"] == pp) & (sel["vpp"] == vpp) & (sel["tp"] == tp) & (sel["ep"] == ep)
+        if unequal_chunks(split, vpp):
+            drop |= rows
+        else:
+            splits[key], rows_of[key] = split, rows
+    keep = ~drop
+    plans = PlanArrays.from_columns(int(keep.sum()), **{k: v[keep] for k, v in sel.items()})
     if splits:
         max_pp = int(plans.pp.max())
         sl = np.full((len(plans), max_pp), np.nan)
-        for (pp, vpp, tp, ep), split in splits.items():
-            rows = uneven & (plans.pp == pp) & (plans.vpp == vpp) & (plans.tp == tp) & (plans.ep == ep)
+        for key, split in splits.items():
+            pp, rows = key[0], rows_of[key][keep]
             sl[rows] = 0.0
             sl[np.ix_(rows, np.arange(pp))] = split
         plans.stage_layers = sl

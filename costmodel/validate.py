@@ -287,7 +287,10 @@ def _values_with_units(row: dict, assumed: list[str]) -> dict:
 
 # Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
 _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
-                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf")
+                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf"
+                 r"|(hf|hugging ?face)[ -](accelerate|trainer)|\baccelerate\b")
+# Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
+_OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
 
 def framework_of(row: dict, assumed: list[str]) -> str:
@@ -367,19 +370,39 @@ def _megatron_of_year(year: int) -> str:
 
 
 def framework_from_notes(row: dict) -> str:
-    """The framework a row's notes, model name, sharding and source id name: Paxml; a non-Megatron stack
-    (_OTHER_STACKS) when neither Megatron nor NeMo is named; Megatron-LM 2020 (the README tables) or 2021 (the
-    Narayanan et al. and Korthikanti et al. papers); otherwise megatron-core."""
+    """The framework a row's notes, model name, sharding and source id name, read as a framework column naming
+    it would be (:func:`framework_named`): Paxml; Megatron-DeepSpeed, or a non-Megatron stack (_OTHER_STACKS)
+    when neither Megatron nor NeMo is named, as ``other``; the Megatron-LM 2020 README tables and the 2021
+    papers (Narayanan et al., Korthikanti et al.) as their generations; a Megatron-LM release tag (v1.x-v3.x),
+    a NeMo container release (YY.MM) or, for a Megatron or NeMo row that names nothing newer, the latest year
+    it names as that year's generation (:func:`_megatron_of_year`). A row naming no stack and no year after 2022
+    but one up to 2022 ran on some stack of its time (``other``; :func:`framework_of` makes it ``other-2022``);
+    otherwise megatron-core."""
     text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
-    if "paxml" in text:
+    t = re.sub(r"[\s_]+", "-", text)
+    if "paxml" in t or "praxis" in t or re.search(r"(^|\W)pax(\W|$)", t):
         return "paxml"
-    if not re.search(r"megatron|nemo", text) and re.search(_OTHER_STACKS, text):
+    megatron = re.search(r"megatron|nemo|mcore", t)
+    # Megatron-DeepSpeed (BigScience's and Microsoft's fork: Megatron-LM's layers under DeepSpeed's pipeline
+    # and ZeRO) is DeepSpeed's stack, as a framework column naming it is read.
+    if re.search(r"megatron-?deepspeed|megatron-ds(\W|$)", t) or (
+            not megatron and re.search(f"{_OTHER_STACKS}|{_OTHER_UNLESS_MEGATRON}", text)):
         return "other"
     if "tables.tex" in text or "2020" in row.get("source_id", ""):
         return "megatron-lm-2020"
     if "ddp-impl" in text or "narayanan" in text or "paper table 1" in text or "table 3 config" in text \
             or "korthikanti" in row.get("source_id", "").lower():
         return "megatron-lm-2021"
+    tag = re.search(r"megatron-lm-?v?([1-3])\.\d+(?!\d)", t)
+    if tag and "core" not in t:
+        return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
+    container = re.search(r"nemo(?:-megatron|-framework)?-?v?(2\d)\.(0[1-9]|1[0-2])(?!\d)", t)
+    if container:
+        return _megatron_of_year(2000 + int(container.group(1)))
+    years = [int(y) for y in re.findall(r"(?<!\d)(20[12]\d)(?!\d)", " ".join([text, row.get("source_id", "")]))]
+    newer = re.search(r"core|bridge|transformer-engine|fp8|h100|h200|b200|b300|gb200|gb300|nemo-2", t)
+    if years and max(years) <= 2022 and not newer:
+        return _megatron_of_year(max(years)) if megatron else "other"
     return "megatron-core"
 
 

@@ -112,6 +112,23 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
         "framework=megatron-lm-2021 (from the row's notes and source)"]
     assert framework_of({"notes": "torchtitan FSDP2, 8 nodes", "source_id": "X"}, []) == "other"
     assert framework_of({"notes": "NeMo 24.07 with DeepSpeed-style ZeRO", "source_id": "X"}, []) == "megatron-core"
+    # Notes are read as a framework column naming the same stack would be: Megatron-DeepSpeed is DeepSpeed's
+    # stack; a Megatron-LM tag, a NeMo container release or (naming nothing newer) a year gives the generation;
+    # a run naming no stack, only a year up to 2022, ran on some stack of its time.
+    notes = {"BLOOM-176B, Megatron-DeepSpeed, 384 A100": "other",
+             "Megatron-DeepSpeed fork, BigScience 2022": "other-2022",
+             "Megatron-LM v2.5, 3072 A100": "megatron-lm-2021",
+             "NeMo Megatron 22.09 container, DGX A100": "megatron-lm-2021",
+             "NeMo 23.11 container, DGX H100": "megatron-core",
+             "Megatron-LM, MT-NLG 530B, 2022": "megatron-lm-2021",
+             "Megatron-LM, 2019 paper, 512 V100": "megatron-lm-2020",
+             "Megatron-LM with Transformer Engine, 2022 and 2024 runs": "megatron-core",
+             "175B on 1024 A100, 2021 paper": "other-2022",
+             "HuggingFace accelerate with FSDP, 2023": "other",
+             "Megatron-FSDP, mcore 0.14": "megatron-core",
+             "Llama 3 405B, 2024": "megatron-core"}
+    for text, key in notes.items():
+        assert framework_of({"notes": text, "source_id": "X"}, []) == key, text
     # Other spellings of a known stack are read as it; a stack the model does not know is modelled as "other"
     # (no Megatron overlaps), and the row says so.
     spelled = {"NeMo 2.0": "megatron-core", "Megatron-Bridge": "megatron-core", "mcore": "megatron-core",

@@ -145,7 +145,8 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # (no group-limited routing), vocab 163840, num_nextn_predict_layers 0, untied; rope_theta 50000, rope_scaling
     # yarn factor 32 / original 4096 / beta_fast 1 / beta_slow 1 / mscale 1.0 / mscale_all_dim 1.0, rms_norm_eps
     # 1e-06, scoring_func sigmoid, topk_method noaux_tc (expert bias), routed_scaling_factor 2.827, norm_topk_prob
-    # true. Pretrained with the Muon optimizer (MuonClip), which the cost model does not price (it prices Adam).
+    # true. Pretrained with the Muon optimizer (MuonClip): the catalog entry keeps the default, Adam; plan it with
+    # Muon by --optimizer muon (ModelSpec.optimizer).
     "kimi-k2": (
         ("kimik2", "kimi-k2-1t", "moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct"),
         {**_DEEPSEEK_V3, **dict(heads=64, vocab=163840, num_experts=384, dense_layers=1, mtp_layers=0,

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from costmodel import comm, compute, memory, pipeline, rules, scale
+from costmodel import comm, compute, memory, muon, pipeline, rules, scale
 from costmodel.compression import GradCompression
 from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
 from costmodel.profiles import HardwareProfile, load_profile
@@ -575,6 +575,7 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     mtp_dense = mtp * (lp_mtp["dense"] + 2.0 * h * h + 2.0 * h)    # layer, eh projection, two norms
     p.dense = (n_dense * p.lp_dense["dense"] + n_moe * p.lp_moe["dense"] + edge_params
                + last * mtp_dense) / col(c.tp)
+    p.edge = edge_params / col(c.tp)    # vocabulary-parallel embedding and output layer (Adam's under Muon)
     p.expert = (n_moe + last * mtp) * p.lp_moe["expert"] / col(c.ep * c.etp)
     p.zero = a.zero_stage
     distopt = a.distributed_optimizer | (p.zero >= 1)
@@ -659,7 +660,10 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     # ZeRO-2 (Megatron-FSDP optim_grads, DeepSpeed stage 2) keeps only its gradient shard, so it reduce-scatters
     # in every backward (megatron_fsdp.py grad_reduce_every_bprop); the distributed optimizer on the last.
     zero2 = col(p.zero == 2) > 0      # (ZeRO-3 is fsdp)
-    t.grad_sync = w * np.where(dist, np.where(zero2, col(m), 1.0) * (rs_d + rs_e + lat["reduce_scatter"])
+    # Muon's layer-wise distributed optimizer keeps whole gradients on every rank: DDP all-reduces them.
+    is_muon = c.model.optimizer == "muon"
+    t.grad_sync = w * np.where((dist > 0) & (not is_muon),
+                               np.where(zero2, col(m), 1.0) * (rs_d + rs_e + lat["reduce_scatter"])
                                + np.where(zero2, rep_times, 1.0) * (rep_d + rep_e + lat["replicas"]),
                                ar_d + ar_e + lat["all_reduce"])
     t.param_sync = w * np.where(dist, ag_d + ag_e + lat["all_gather"], 0.0)
@@ -673,8 +677,11 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
         # ZeRO-2's reduces run under every micro-batch's backward, the last one's tail exposed.
         last_b = np.where(zero2, col(m) * (stage_b + st.stage_rec), stage_b / col(vpp) + st.stage_rec / col(vpp))
         first_f = stage_f / col(vpp)
+        # Muon's layer-wise distributed optimizer gathers the updated weights inside its step
+        # (layer_wise_optimizer.py step -> allgather_params), before the next forward: nothing hides it.
+        param_exposed = t.param_sync if is_muon else np.maximum(t.param_sync - first_f, 0.0) + 0.125 * t.param_sync
         dp_exposed = (np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync / np.where(zero2, col(m), 1.0)
-                      + np.maximum(t.param_sync - first_f, 0.0) + 0.125 * t.param_sync) * cal.comm_exposed
+                      + param_exposed) * cal.comm_exposed
         fsdp_exposed = (np.maximum(t.fsdp_comm - col(m) * (stage_f + stage_b), 0.0)
                         + FSDP_EXPOSED_FRACTION * t.fsdp_comm)
     else:
@@ -698,10 +705,24 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
     t_opt = c.wgrad * compute.memory_bound_time_s(prof, (1.0 - off) * opt_params * 34.0)
     if np.any(off > 0):
         t_opt = np.maximum(t_opt, c.wgrad * compute.cpu_optimizer_time_s(prof, off * opt_params, col(c.host_share)))
+    if is_muon:
+        t_opt = t_opt + c.wgrad * _newton_schulz_s(c, st, p)
     t.t_opt = np.where(valid, t_opt, 0.0)
     t.stage_tail = t.dp_exposed + t.t_compress + t.t_opt
     t.tail = t.stage_tail.max(axis=1)
     return t
+
+
+def _newton_schulz_s(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> np.ndarray:
+    """Seconds of Muon's Newton-Schulz iterations on each stage's rank (costmodel/muon.py): its layers'
+    matrices (an MTP module's layer on the last stage), dealt over the ranks sharing the optimizer state
+    (``shard``, ``shard_e``: 1 without the distributed optimizer)."""
+    ns = muon.newton_schulz_layer_s(c.model, c.prof, c.tp, c.etp, c.ep)
+    dense, moe_dense, expert = _col(ns["dense"]), _col(ns["moe_dense"]), _col(ns["expert"])
+    mtp = st.last * st.mtp
+    mtp_dense, mtp_expert = (moe_dense, expert) if st.mtp_moe else (dense, 0.0)
+    own = st.n_dense * dense + st.n_moe * moe_dense + mtp * mtp_dense
+    return own / p.shard + (st.n_moe + mtp * st.mtp_moe) * expert / p.shard_e
 
 
 def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> SimpleNamespace:
@@ -757,6 +778,11 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
         mem.grads = mem.grads + c.wgrad * p_stage * c.grad_compression.residual_bytes_per_element
     opt_bytes = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
                                                                           + p_exp_stage / p.shard_e)
+    if model.optimizer == "muon":
+        # Muon's matrices keep one momentum beside the fp32 master weight; the embedding and output layer Adam's.
+        muon_b = memory.muon_state_bytes(model.precision)
+        opt_bytes = c.wgrad * (memory.optimizer_state_bytes(model.precision) * p.edge / p.shard
+                               + muon_b * ((p_dense_stage - p.edge) / p.shard + p_exp_stage / p.shard_e))
     # Optimizer offload: that share of the state (and a pinned fp32 copy of its gradients) lives in host memory.
     # DeepSpeed's ZeRO-Offload also moves the gradient shard it keeps (ZeRO-2 and up) to the host as it is
     # reduced; megatron-core keeps its gradient buffer on the GPU.

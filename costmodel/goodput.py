@@ -54,8 +54,8 @@ import numpy as np
 from pydantic import Field
 from scipy.special import lambertw
 
-from costmodel.flops import total_params
-from costmodel.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from costmodel.flops import embedding_params, total_params
+from costmodel.memory import OPTIMIZER_BYTES, WEIGHT_BYTES, muon_state_bytes
 from costmodel.specs import FrozenSpec, ModelSpec
 
 HOUR_S = 3600.0
@@ -182,7 +182,15 @@ def goodput(interval_s, save_s, restart_s, rate_per_s):
 
 
 def checkpoint_bytes(model: ModelSpec, policy: CheckpointPolicy = CheckpointPolicy()) -> float:
-    return float(total_params(model) * policy.bytes_per_param)
+    """Bytes of one checkpoint: every parameter at the policy's bytes. At the default (weights plus Adam's
+    state), a Muon model's matrices save one moment where Adam saves two (costmodel/memory.py
+    muon_state_bytes); its embedding and output layer keep Adam's."""
+    n = total_params(model)
+    if model.optimizer == "muon" and policy.bytes_per_param == CHECKPOINT_BYTES_PER_PARAM:
+        e = embedding_params(model)
+        adam = e["embedding"] + e["lm_head"]
+        return float(adam * policy.bytes_per_param + (n - adam) * (WEIGHT_BYTES + muon_state_bytes(model.precision)))
+    return float(n * policy.bytes_per_param)
 
 
 def estimate_goodput(ckpt_bytes: float, storage_bytes_per_s: float, gpus: int, nodes: int,

@@ -80,6 +80,13 @@ def activation_element_bytes(precision: str) -> float:
     return 4.0 if precision == "fp32" else 2.0
 
 
+def muon_state_bytes(precision: str) -> float:
+    """Muon bytes per parameter: the fp32 master weight and one fp32 momentum (megatron-core 0.16.1
+    optimizer/muon.py muon_init_state_fn: ``momentum_buffer`` like the fp32 master), 8; fp32 training keeps
+    no master copy, 4."""
+    return 4.0 if precision == "fp32" else 8.0
+
+
 def optimizer_state_bytes(precision: str) -> float:
     """Adam bytes per parameter: fp32 master weight and two moments (12) with mixed precision; fp32
     training keeps no separate master copy (8)."""

@@ -531,6 +531,26 @@ def _msg_fsdp_pp(m, c, n, kv):
     )
 
 
+def _ok_muon_fsdp(m: ModelSpec, c: _Cols, n: int | None, kvrep: bool) -> Any:
+    return c.zero_stage < 2
+
+
+def _msg_muon_fsdp(m: ModelSpec, c: _Cols, n: int | None, kvrep: bool) -> str:
+    return (f"optimizer=muon with zero_stage={c.zero_stage} (Megatron-FSDP): megatron-core 0.16.1 steps Muon with "
+            f"whole parameters and gradients on each rank (optimizer/muon.py, layer_wise_optimizer.py: \"Megatron "
+            f"DDP handle allreduce grad, note that each rank have full model and grad\"); valid: zero_stage 0, or 1 "
+            f"(the layer-wise distributed optimizer, --optimizer dist_muon)")
+
+
+def _never(m: ModelSpec, c: _Cols, n: int | None, kvrep: bool) -> Any:
+    return c.tp < 0
+
+
+def _msg_muon_fp16(m: ModelSpec, c: _Cols, n: int | None, kvrep: bool) -> str:
+    return ("optimizer=muon with precision=fp16: megatron-core 0.16.1 \"muon with fp16 is not supported\" "
+            "(optimizer/muon.py); valid: precision bf16, fp8, mxfp8 or nvfp4, or optimizer=adam")
+
+
 _RULES: tuple[_Rule, ...] = (
     _Rule("world_size", _always, _ok_world, _msg_world, needs_num_gpus=True),
     _Rule("expert_grid", _always, _ok_expert_grid, _msg_expert_grid),
@@ -552,6 +572,8 @@ _RULES: tuple[_Rule, ...] = (
           _msg_interleaved_microbatches),
     _Rule("global_batch", _always, _ok_global_batch, _msg_global_batch),
     _Rule("fsdp_pipeline", _always, _ok_fsdp_pp, _msg_fsdp_pp),
+    _Rule("muon_fsdp", lambda m: m.optimizer == "muon", _ok_muon_fsdp, _msg_muon_fsdp),
+    _Rule("muon_fp16", lambda m: m.optimizer == "muon" and m.precision == "fp16", _never, _msg_muon_fp16),
 )
 
 
@@ -644,6 +666,23 @@ def _recompute_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
             f"recompute_layers={plan.recompute_layers} exceeds the layers per stage "
             f"{per_stage} ({where}); valid recompute_layers: 0..{per_stage} or None (all)"
         )
+    return out
+
+
+def _muon_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """megatron-core 0.16.1 optimizer/muon.py get_megatron_muon_optimizer: Muon's state stays on the GPU (the host
+    offload is the Adam HybridDeviceOptimizer's);
+    the layer-wise distributed optimizer deals parameters over the whole data-parallel group (no replicas)."""
+    if model.optimizer != "muon":
+        return []
+    out: list[str] = []
+    if plan.optimizer_offload > 0:
+        out.append(f"optimizer=muon with optimizer_offload={plan.optimizer_offload:g}: megatron-core's optimizer CPU "
+                   "offload is Adam's (HybridDeviceOptimizer); valid: optimizer_offload=0, or optimizer=adam")
+    if plan.dist_opt_instances > 1:
+        out.append(f"optimizer=muon with dist_opt_instances={plan.dist_opt_instances}: Megatron's layer-wise "
+                   "distributed optimizer deals the parameters over the whole data-parallel group; valid: "
+                   "dist_opt_instances=1")
     return out
 
 
@@ -782,6 +821,7 @@ def violations(
     out += _layers_per_stage_violations(model, plan)
     out += _recompute_violations(model, plan)
     out += _optimizer_violations(model, plan)
+    out += _muon_violations(model, plan)
     out += a2a_overlap_violations(model, plan)
     out += _rank_order_violations(model, plan)
     return out

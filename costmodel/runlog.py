@@ -67,7 +67,8 @@ _KNOWN = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
           "expert_model_parallel_size", "expert_tensor_parallel_size", "data_parallel_size", "world_size",
           "micro_batch_size", "global_batch_size", "sequence_parallel", "recompute_granularity", "recompute_method",
           "recompute_num_layers", "use_distributed_optimizer", "use_megatron_fsdp", "use_custom_fsdp",
-          "use_torch_fsdp2", "data_parallel_sharding_strategy", "log_interval", "rampup_batch_size")
+          "use_torch_fsdp2", "data_parallel_sharding_strategy", "log_interval", "rampup_batch_size", "optimizer",
+          "use_layer_wise_distributed_optimizer")
 
 
 MAX_ITERATION_MS = 1e12
@@ -251,7 +252,9 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
                       else a.flag("share_embeddings_and_output_weights"),
                       learned_position_embeddings=str(a.get("position_embedding_type", default="learned_absolute"))
                       == "learned_absolute", precision=_precision(a),
-                      mtp_layers=a.int("mtp_num_layers", default=0, low=0))
+                      mtp_layers=a.int("mtp_num_layers", default=0, low=0),
+                      # Megatron-LM prints optimizer 'muon' for --optimizer muon and dist_muon alike (validate_args).
+                      optimizer="muon" if "muon" in str(a.get("optimizer", default="adam")).lower() else "adam")
     kv_ch = a.int("kv_channels")
     if kv_ch and kv_ch != hidden // heads:
         spec["head_dim"] = kv_ch
@@ -303,7 +306,7 @@ def log_plan(a: _Args, model: ModelSpec, global_batch: int | None) -> tuple[Para
     strategy = str(a.get("data_parallel_sharding_strategy", default="optim_grads_params"))
     fsdp = a.flag("use_megatron_fsdp", "use_custom_fsdp", "use_torch_fsdp2")
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (
-        1 if a.flag("use_distributed_optimizer") else 0)
+        1 if a.flag("use_distributed_optimizer") or a.flag("use_layer_wise_distributed_optimizer") else 0)
     gbs = global_batch or a.int("global_batch_size", required=True)
     # Megatron prints the expert tensor parallelism it resolved (None -> the tensor-parallel size); a log without
     # it predates the option, when the experts were split over the tensor-parallel group: the same.

@@ -14,6 +14,8 @@ Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
 RecomputeMode = Literal["none", "selective", "full", "offload"]
 Finetune = Literal["full", "lora"]
 FINETUNE: tuple[str, ...] = get_args(Finetune)
+Optimizer = Literal["adam", "muon"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
 Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other", "other-2022"]
 Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
@@ -228,6 +230,15 @@ class ModelSpec(FrozenSpec):
     ("lora": LoRA, Hu et al. 2021, arXiv:2106.09685). Frozen weights get no weight gradient (the backward runs
     the data-gradient GEMMs only), no gradient reduction, no optimizer state and no optimizer step; the adapters
     (rank r << hidden) are left out of the costs."""
+    optimizer: Optimizer = "adam"
+    """The optimizer of the weight matrices: Adam ("adam", mixed precision: fp32 master weight and two moments), or
+    Muon ("muon": momentum orthogonalised by Newton-Schulz iterations; Kimi K2, Moonlight), as megatron-core
+    0.16.1 runs it (optimizer/muon.py, layer_wise_optimizer.py; Newton-Schulz from NVIDIA's
+    emerging_optimizers): every 2-D weight but the embedding and output layer steps with Muon (one fp32
+    momentum, no second moment), the rest with Adam. The iterations are GEMMs on each matrix a rank owns
+    (costmodel/muon.py); with the distributed optimizer the matrices are dealt whole to the data-parallel ranks
+    (Megatron's layer-wise distributed optimizer, --optimizer dist_muon), which all-reduce the gradients and
+    all-gather the updated weights after the step."""
     unexpressed: tuple[str, ...] = ()
     """Architectural facts of the source (a config.json, or the catalog's citation) that no field above holds;
     megatron_args.txt names them in a '# not expressed:' line. Empty for a model the planner fully expresses."""

@@ -483,6 +483,7 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
             assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
     spec["precision"] = precision_of(row.get("precision") or "", assumed)
     spec["finetune"] = finetune_of(row, assumed)
+    spec["optimizer"] = optimizer_of(row, assumed)
     model = ModelSpec.model_validate(spec)
     return _match_published_size(model, row, assumed) if fam is None else model
 
@@ -560,6 +561,21 @@ def finetune_of(row: dict, assumed: list[str]) -> str:
             assumed.append(f"finetune=lora (from {m.group(0)!r} in {col}: frozen weights, no weight gradients)")
             return "lora"
     return "full"
+
+
+# A Muon run: the word in an optimizer column or in the notes (Megatron-Bridge's archive, Kimi K2: "Muon optimizer
+# was used"; its recipe's default optimizer_type is "muon", scripts/performance/configs/kimi/kimi_llm_pretrain.py).
+_MUON = re.compile(r"(?<![a-z0-9_])muon(clip)?(?![a-z0-9_])", re.I)
+
+
+def optimizer_of(row: dict, assumed: list[str]) -> str:
+    """'muon' when the row says its weight matrices stepped with Muon (ModelSpec.optimizer), else 'adam'."""
+    for col in ("optimizer", "notes"):
+        m = _MUON.search(row.get(col) or "")
+        if m:
+            assumed.append(f"optimizer=muon (from {m.group(0)!r} in {col})")
+            return "muon"
+    return "adam"
 
 
 # Precision columns that say mixed precision without the format (or nothing): the default, bf16 (fp16 on a GPU

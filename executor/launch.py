@@ -79,6 +79,10 @@ def read_plan(path: str | os.PathLike) -> tuple[ModelSpec, ParallelPlan]:
     if model.finetune != "full":
         raise InputError(f"{path}: model.finetune is {model.finetune!r}; the executor trains every weight "
                          f"(finetune 'full'): plan LoRA here, run it with Megatron-Bridge's PEFT")
+    if model.optimizer != "adam":
+        raise InputError(f"{path}: model.optimizer is {model.optimizer!r}; the executor steps with Adam (Muon needs "
+                         f"NVIDIA's emerging_optimizers package): run this plan with Megatron-LM's --optimizer "
+                         f"dist_muon, as megatron_args.txt writes it; valid here: optimizer 'adam'")
     plan = parse("plan", ParallelPlan)
     if plan.recompute == "offload" and available_processes()[1] != "GPUs":
         raise InputError(f"{path}: plan.recompute is 'offload': activation offloading runs through Transformer "

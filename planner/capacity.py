@@ -28,7 +28,7 @@ from costmodel.estimate import estimate_arrays
 from costmodel.flops import total_params
 from costmodel.goodput import CheckpointPolicy, FailureModel, GoodputEstimate, checkpoint_bytes, estimate_goodput
 from costmodel.profiles import InputError, gpu_label, gpu_nvlink_domain, load_profile
-from costmodel.specs import FINETUNE, PRECISION_ALIASES, ClusterSpec, ModelSpec
+from costmodel.specs import FINETUNE, OPTIMIZERS, PRECISION_ALIASES, ClusterSpec, ModelSpec
 from costmodel.plan import ParallelPlan, default_global_batch
 from planner.search import exhaustive, offload_alternative, pareto_front, plan_at
 from planner.space import missing_host_fields
@@ -104,7 +104,7 @@ def _ints(values: list[str], dim: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------
 
 DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression", "finetune",
-              "optimizer_offload")
+              "optimizer", "optimizer_offload")
 _ALIASES = {"num_gpus": "gpus", "size": "gpus", "gpu_type": "gpu", "hardware": "gpu", "nic": "bandwidth",
             "inter_node_bandwidth": "bandwidth", "network": "bandwidth", "seq": "seq_len", "seqlen": "seq_len",
             "sequence_length": "seq_len", "batch": "global_batch", "gbs": "global_batch",
@@ -183,10 +183,11 @@ def parse_vary(spec: str) -> tuple[str, list]:
         values = [load_profile(v).name for v in raw]
     elif dim == "compression":
         values = [(c.name if (c := get_compression(v)) else "none") for v in raw]
-    elif dim == "finetune":
-        bad = [v for v in raw if v.lower() not in FINETUNE]
+    elif dim in ("finetune", "optimizer"):
+        valid = FINETUNE if dim == "finetune" else OPTIMIZERS
+        bad = [v for v in raw if v.lower() not in valid]
         if bad:
-            raise InputError(f"--vary finetune: unknown value {bad[0]!r}; valid: {', '.join(FINETUNE)}")
+            raise InputError(f"--vary {dim}: unknown value {bad[0]!r}; valid: {', '.join(valid)}")
         values = [v.lower() for v in raw]
     else:
         bad = [v for v in raw if v.lower() not in PRECISION_ALIASES]
@@ -227,8 +228,8 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
         m = with_overrides(m, f"model {m.name!r}", int(value), None)
     elif dim == "precision":
         m = with_overrides(m, f"model {m.name!r}", None, str(value))
-    elif dim == "finetune":
-        m = m.model_copy(update={"finetune": str(value)})
+    elif dim in ("finetune", "optimizer"):
+        m = m.model_copy(update={dim: str(value)})
     elif dim == "global_batch":
         return replace(sc, global_batch=int(value), labels=sc.labels + ((dim, value),))
     elif dim == "compression":
@@ -315,6 +316,7 @@ class CapacityPoint:
         d = {"cluster": sc.cluster.name, "source": sc.source, "gpu": sc.cluster.gpu, "gpus": self.gpus,
              "nodes": sc.cluster.nodes, "inter_node_bandwidth_bytes_per_s": sc.cluster.inter_node.nic_bandwidth_bytes_per_s,
              "seq_len": sc.model.seq_len, "precision": sc.model.precision, "finetune": sc.model.finetune,
+             "optimizer": sc.model.optimizer,
              "compression": sc.compression.name if sc.compression else "none", "global_batch": self.global_batch,
              "varied": {k: v for k, v in sc.labels}, "fits": self.fits, "layouts_scored": self.evaluated}
         if not self.fits:

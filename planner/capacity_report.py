@@ -92,7 +92,7 @@ def _x_positions(points: list[CapacityPoint], x_dim: str):
 def _xlabel(x_dim: str) -> str:
     return {"gpus": "GPUs", "gpu": "GPU type", "bandwidth": "inter-node bandwidth per GPU (Gb/s)",
             "seq_len": "sequence length", "global_batch": "global batch (sequences)", "precision": "precision",
-            "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)",
+            "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)", "optimizer": "optimizer (Adam or Muon)",
             "optimizer_offload": "share of the optimizer state in host memory"}.get(x_dim, x_dim)
 
 

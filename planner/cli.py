@@ -60,8 +60,10 @@ _share = _number(float, 0, hi=1)
 
 
 def _named(model) -> str:
-    """The model's name for a title, saying LoRA when the step trains adapters only."""
-    return f"{model.name} (LoRA)" if model.finetune == "lora" else model.name
+    """The model's name for a title, saying LoRA when the step trains adapters only and Muon when it steps with
+    Muon."""
+    said = [w for w, on in (("LoRA", model.finetune == "lora"), ("Muon", model.optimizer == "muon")) if on]
+    return f"{model.name} ({', '.join(said)})" if said else model.name
 
 
 def _check_file_target(path: str | None) -> None:
@@ -96,6 +98,9 @@ def _model_flags(ap: argparse.ArgumentParser, then=lambda ap: None) -> None:
     ap.add_argument("--precision", default=None, help="bf16, fp8, mxfp8, nvfp4 (default: the model's)")
     ap.add_argument("--finetune", default="full", help="full (pretraining, SFT: every weight trains) or lora "
                     "(adapters on frozen weights: no weight gradients, gradient reduction or optimizer state)")
+    ap.add_argument("--optimizer", default="adam", help="adam, or muon (megatron-core's Muon: Newton-Schulz-"
+                    "orthogonalised momentum on the weight matrices, one fp32 moment; --optimizer dist_muon with the "
+                    "distributed optimizer)")
     ap.add_argument("--moe-token-drop", action="store_true",
                     help="MoE layers drop tokens over an expert capacity and pad to it (megatron-core "
                          "--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity): static shapes, so "
@@ -699,6 +704,16 @@ def _sweep_with_progress(scenarios, assumptions, quiet: bool):
         return sweep(scenarios, assumptions, progress=bar and bar.count)
 
 
+def _muon_checkpoint_note(model, policy) -> str:
+    """'(10 on Muon's matrices) ' where the default checkpoint size applies to a Muon model (goodput.checkpoint_bytes)."""
+    from costmodel.goodput import CHECKPOINT_BYTES_PER_PARAM
+    from costmodel.memory import WEIGHT_BYTES, muon_state_bytes
+
+    if model.optimizer != "muon" or policy.bytes_per_param != CHECKPOINT_BYTES_PER_PARAM:
+        return ""
+    return f"({WEIGHT_BYTES + muon_state_bytes(model.precision):g} on Muon's matrices) "
+
+
 def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:
     from planner.capacity import pareto
     from planner.capacity_report import capacity_table, save_capacity_png
@@ -732,6 +747,7 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
     f, c = a.failures, a.checkpoint
     con.print(f"failures: {f.per_gpu_hour:.3g}/GPU-h + {f.per_node_hour:.3g}/node-h, restart {f.restart_overhead_s / 60:.0f} "
               f"min + checkpoint load; checkpoint {c.bytes_per_param:g} B/param "
+              f"{_muon_checkpoint_note(model, c)}"
               f"{'asynchronous' if c.asynchronous else 'synchronous'}, interval "
               f"{'optimal (Daly)' if c.interval_s is None else f'{c.interval_s:.0f} s'}")
     if args.plot:
@@ -1000,6 +1016,9 @@ def cmd_autotune(argv: list[str]) -> int:
     if args.finetune.strip().lower() != "full":
         raise InputError(f"plan autotune --finetune {args.finetune}: the executor trains every weight; valid: full "
                          f"(plan LoRA with `plan --finetune lora`)")
+    if args.optimizer.strip().lower() != "adam":
+        raise InputError(f"plan autotune --optimizer {args.optimizer}: the executor steps with Adam; valid: adam "
+                         f"(plan Muon with `plan --optimizer muon`)")
     _need_executor("autotune")
     from costmodel.estimate import estimate_arrays
     from executor.autotune import autotune, result_json

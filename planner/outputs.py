@@ -336,7 +336,7 @@ def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = 
     f = _Flags(out=out, lost=lost)
     _engine_flags(model, plan, f, transformer_engine)
     _degree_flags(model, plan, f, layout)
-    _runtime_flags(plan, f, transformer_engine)
+    _runtime_flags(plan, f, transformer_engine, model.optimizer)
     # arguments.py _add_training_args: group.add_argument('--micro-batch-size', type=int, default=None, ...),
     #   group.add_argument('--global-batch-size', type=int, default=None, ...).
     f.out += [f"--micro-batch-size {plan.micro_batch}", f"--global-batch-size {plan.global_batch}"]
@@ -455,15 +455,25 @@ def _degree_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, layout: str |
         f.out.append("--sequence-parallel")
 
 
-def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> None:
-    """Communication overlap, data-parallel sharding (distributed optimizer, Megatron-FSDP), rank order."""
+def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool, optimizer: str = "adam") -> None:
+    """Communication overlap, data-parallel sharding (distributed optimizer, Megatron-FSDP), the optimizer, rank
+    order."""
     fsdp = plan.zero_stage >= 2
     core = plan.framework == "megatron-core"
+    muon = optimizer == "muon"
     if core and plan.tp > 1 and plan.sequence_parallel and transformer_engine:
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence
         # parallelism is enabled".
         f.out.append("--tp-comm-overlap")
-    if plan.distributed_optimizer or fsdp:
+    if muon:
+        # Megatron-LM arguments.py (megatron-core 0.16): '--optimizer' choices ['adam', 'sgd', 'muon', 'dist_muon'];
+        # validate_args turns dist_muon into muon with use_layer_wise_distributed_optimizer (the matrices dealt
+        # whole to the data-parallel ranks); megatron-core's muon.py refuses --use-distributed-optimizer ("muon with
+        # dist optimizer is not supported"). Later Megatron-LM spells dist_muon as --optimizer muon
+        # --use-distributed-optimizer.
+        f.out.append("--optimizer dist_muon" if plan.distributed_optimizer else "--optimizer muon")
+        f.notes.append("# Muon needs NVIDIA's emerging_optimizers package (pip install emerging-optimizers)")
+    elif plan.distributed_optimizer or fsdp:
         f.out.append("--use-distributed-optimizer")
         if plan.dist_opt_instances > 1:
             # megatron-core arguments.py: the optimizer state sharded inside each of this many copies.
@@ -505,7 +515,7 @@ def _runtime_flags(plan: ParallelPlan, f: _Flags, transformer_engine: bool) -> N
         # between steps); as the runs the profiles are fitted to (costmodel.rules.MANUAL_GC_INTERVAL_STEPS).
         f.out += ["--manual-gc", f"--manual-gc-interval {MANUAL_GC_INTERVAL_STEPS}"]
         f.out.append("--overlap-grad-reduce")
-        if plan.distributed_optimizer or fsdp:
+        if (plan.distributed_optimizer or fsdp) and not muon:
             # validate_args: "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"
             f.out.append("--overlap-param-gather")
     else:
@@ -773,7 +783,7 @@ def parse_megatron_args(args: list[str] | str, *, num_gpus: int | None = None) -
     else:
         out["recompute"] = "none"
 
-    out["distributed_optimizer"] = "--use-distributed-optimizer" in f
+    out["distributed_optimizer"] = "--use-distributed-optimizer" in f or f.get("--optimizer") == "dist_muon"
     strategy = f.get("--data-parallel-sharding-strategy") if "--use-megatron-fsdp" in f else None
     if strategy == "optim_grads_params":
         out["zero_stage"] = 3

@@ -157,6 +157,20 @@ def with_finetune(model, finetune: str):
     return model if key == model.finetune else model.model_copy(update={"finetune": key})
 
 
+def with_optimizer(model, optimizer: str):
+    """The model stepped as --optimizer says: adam, or muon (Newton-Schulz-orthogonalised momentum on the weight
+    matrices, ModelSpec.optimizer)."""
+    from costmodel.specs import OPTIMIZERS
+
+    key = str(optimizer).strip().lower()
+    if key not in OPTIMIZERS:
+        raise InputError(f"--optimizer {optimizer}: expected one of {', '.join(OPTIMIZERS)}")
+    if key == "muon" and model.precision == "fp16":
+        raise InputError(f"--optimizer muon with precision fp16: megatron-core 0.16.1 \"muon with fp16 is not "
+                         f"supported\"; valid: --precision bf16, fp8, mxfp8 or nvfp4")
+    return model if key == model.optimizer else model.model_copy(update={"optimizer": key})
+
+
 def with_token_drop(model, token_drop: bool):
     """The model with --moe-token-drop: its MoE layers drop tokens over a capacity and pad to it (static shapes,
     no per-layer token counts to the host, so no host floor: ModelSpec.moe_token_drop). One-line error for a
@@ -174,7 +188,7 @@ def requested_model(req):
     from costmodel.catalog import get_model
 
     model = get_model(req.model, seq_len=req.seq_len, precision=req.precision)
-    return with_token_drop(with_finetune(model, req.finetune), req.moe_token_drop)
+    return with_optimizer(with_token_drop(with_finetune(model, req.finetune), req.moe_token_drop), req.optimizer)
 
 
 @dataclass(frozen=True)
@@ -191,6 +205,8 @@ class PlanRequest:
     """None: the model's (bf16 becomes fp16 on GPUs without bf16)."""
     finetune: str = "full"
     """What the step trains: full (every weight) or lora (adapters on frozen weights)."""
+    optimizer: str = "adam"
+    """adam or muon (--optimizer)."""
     moe_token_drop: bool = False
     """MoE layers drop tokens over a capacity and pad to it (--moe-token-drop)."""
     global_batch: int | None = None
@@ -241,6 +257,9 @@ class PlanRequest:
         model, cluster = self.load_target()
         if self.optimizer_offload:
             _check_offload_host(cluster)
+            if model.optimizer == "muon":
+                raise InputError("--optimizer-offload with --optimizer muon: megatron-core's optimizer CPU offload "
+                                 "is Adam's (HybridDeviceOptimizer); valid: --optimizer adam, or no offload")
         profile = None
         if self.start_profile:
             from costmodel.profiles import load_profile
@@ -444,6 +463,7 @@ class CapacityRequest:
     seq_len: int | None = None
     precision: str | None = None
     finetune: str = "full"
+    optimizer: str = "adam"
     moe_token_drop: bool = False
     global_batch: int | None = None
     compression: str = "none"

@@ -24,8 +24,8 @@ them, so they test it where the fitted runs say least:
 - ``kimi-k2``: the Megatron-Bridge archive's Kimi K2 on 256 GB300 (MXFP8, four releases), with published step
   times and layouts but no widths in the CSV; the catalog's kimi-k2 (Moonshot AI's published config, the
   DeepSeek-V3 architecture with 384 experts and 64 heads) gives them by the row's name. A model the fit has not
-  seen, on the source the MoE factors are fitted to. The table notes that the runs used the Muon optimizer,
-  which the cost model does not price (it prices Adam).
+  seen, on the source the MoE factors are fitted to. The table notes that the runs used the Muon optimizer; the
+  rows are priced with it (costmodel/validate.py optimizer_of, costmodel/muon.py).
 
 For each row: the published and the predicted step time (shipped profiles) with its P10-P90 and their ratio, then
 per GPU type and precision the MAPE and how many published step times fall inside their P10-P90.

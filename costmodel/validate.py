@@ -615,7 +615,7 @@ def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     num_gpus = _int(row["num_gpus"])
     given = _int(row.get("gpus_per_node", ""))
     gpn = given or min(profile.nvlink_domain_gpus, 8)
-    if profile.nvlink_domain_gpus > 8:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain
+    if profile.nvlink_domain_gpus > 16:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain (not DGX-2's 16)
         gpn = 4
     # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own NVLink
     # domain: the next node is reached over the network.

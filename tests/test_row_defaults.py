@@ -171,6 +171,14 @@ def test_a_node_smaller_than_the_profiles_nvlink_domain_is_its_own_domain(tmp_pa
     case = _case(tmp_path, **summit)
     assert (case.cluster.gpus_per_node, case.cluster.nvlink_domain_gpus, case.cluster.nodes) == (6, 6, 128)
     assert predict_case(case)["predicted_step_time_s"] > 0
+    # A V100-32GB row in 8-GPU nodes (DGX-1, AWS p3dn): the profile's 16-GPU domain is DGX-2's, so the row's node
+    # is its own domain. This was a ClusterSpec error (8-GPU domain over 4-GPU "trays", a rule for NVL racks).
+    dgx1 = _case(tmp_path, **{**summit, "gpu_type": "V100-32GB", "gpus_per_node": "8", "num_gpus": "64", "tp": "8",
+                              "dp": "8", "global_batch": "512"})
+    assert (dgx1.cluster.gpus_per_node, dgx1.cluster.nvlink_domain_gpus, dgx1.cluster.nodes) == (8, 8, 8)
+    dgx2 = _case(tmp_path, **{**summit, "gpu_type": "V100-32GB", "gpus_per_node": "", "num_gpus": "64", "tp": "8",
+                              "dp": "8", "global_batch": "512"})
+    assert dgx2.cluster.nvlink_domain_gpus == 16
     a100 = dict(model_name="Llama 2 13B", params_b="13", layers="40", hidden="5120", ffn_hidden="13824", heads="40",
                 kv_heads="40", vocab="32000", seq_len="4096", gpu_type="A100-40GB", num_gpus="64",
                 gpus_per_node="4", pp="1", cp="1", global_batch="256", micro_batch="1", framework="megatron-core",

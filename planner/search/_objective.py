@@ -23,6 +23,8 @@ its finished trials.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import optuna
 
@@ -136,8 +138,12 @@ class Objective(KnobCodec):
         vals, cons = self.values(ev)
         trial.set_user_attr("eval", ev)
         if self.new_api:
-            for k, v in cons.items():
-                trial.set_constraint(k, v)
+            with warnings.catch_warnings():
+                # A trial retried after its process died (RetryFailedTrialCallback) carries the constraints its first
+                # attempt set for the same configuration: the same values, which Optuna keeps, warning.
+                warnings.filterwarnings("ignore", message="The constraint value is ignored", category=UserWarning)
+                for k, v in cons.items():
+                    trial.set_constraint(k, v)
         else:
             trial.set_user_attr("constraints", cons)
         return vals[0] if len(vals) == 1 else vals

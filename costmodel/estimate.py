@@ -720,7 +720,7 @@ def _newton_schulz_s(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace
     ns = muon.newton_schulz_layer_s(c.model, c.prof, c.tp, c.etp, c.ep)
     dense, moe_dense, expert = _col(ns["dense"]), _col(ns["moe_dense"]), _col(ns["expert"])
     mtp = st.last * st.mtp
-    mtp_dense, mtp_expert = (moe_dense, expert) if st.mtp_moe else (dense, 0.0)
+    mtp_dense = moe_dense if st.mtp_moe else dense
     own = st.n_dense * dense + st.n_moe * moe_dense + mtp * mtp_dense
     return own / p.shard + (st.n_moe + mtp * st.mtp_moe) * expert / p.shard_e
 

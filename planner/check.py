@@ -1,6 +1,6 @@
 """Diagnose one plan: what is off in its predicted step, and which nearby plan would do better.
 
-``diagnose(model, cluster, plan)`` estimates the plan, measures six figures against the product
+``diagnose(model, cluster, plan)`` estimates the plan, measures seven figures against the product
 thresholds, and for every figure out of its band scores a small neighbourhood of alternative plans
 (one vectorised ``estimate_arrays`` call over at most ``MAX_CANDIDATES`` plans) to propose the best
 change that improves that figure:
@@ -22,6 +22,8 @@ expert_imbalance   hottest expert rank's load over the mean (moe_imbalance)     
 uneven_chunks      Megatron's interleaved schedule run op by op with the layout's  heaviest stages'
                    chunks (costmodel.pipeline.interleaved_schedule_s) over the     chunks unequal
                    closed form the estimate prices                                 (warn)
+optimizer          the optimizer step after the last micro-batch / step time      > 4%; warn > 10%
+                   (Adam through HBM; Muon's Newton-Schulz GEMMs on top)
 rule_note          costmodel.rules.schedule_notes (launch settings)               always (info)
 =================  ===========================================================  ===============
 
@@ -35,7 +37,7 @@ Every alternative passes ``costmodel.rules.violations`` with the cluster's GPU c
 memory. The neighbourhood (each move combined with micro_batch /2, x1, x2 and the three recompute
 modes): pp halved / doubled / the nearest valid depths with vpp adjusted (1, kept, doubled, same
 number of virtual stages), every other vpp, tp x2 and /2, cp 1 / 2 / x2, ep x2 and /2 (MoE), each
-with dp taking the rest of the GPUs; the other data-parallel sharding (Megatron-FSDP at pp 1 <-> the
+with dp taking the rest of the GPUs; the other data-parallel sharding (none -> the distributed optimizer; Megatron-FSDP at pp 1 <-> the
 distributed optimizer; a pp move off pp 1 leaves FSDP, which megatron-core runs only without pipeline
 stages); plus, for the stage balance, the even split and splits with
 one or two layers (in units of vpp) moved off the first and/or last stage.
@@ -70,7 +72,7 @@ __all__ = ["Candidate", "Finding", "THRESHOLDS", "describe_change", "diagnose", 
            "predict"]
 
 FindingKind = Literal["compute_efficiency", "communication", "stage_imbalance", "bubble", "memory_high",
-                      "recompute_gap", "memory_low", "expert_imbalance", "uneven_chunks", "rule_note"]
+                      "recompute_gap", "memory_low", "expert_imbalance", "uneven_chunks", "optimizer", "rule_note"]
 
 THRESHOLDS = {
     "compute_efficiency": 0.60,   # below: finding
@@ -81,6 +83,8 @@ THRESHOLDS = {
     "memory_high": 0.85,          # above: warn
     "memory_low": 0.70,           # below: info
     "expert_imbalance": 1.20,     # above: warn (MoE models)
+    "optimizer_info": 0.04,       # above: info
+    "optimizer_warn": 0.10,       # above: warn
 }
 ACTIONABLE_GAIN = 0.05
 """A soft-band finding becomes a warning when a neighbour is predicted this much faster (relative)."""
@@ -99,9 +103,10 @@ FIGURE = {
     "memory_high": ("memory_fraction", True),
     "memory_low": ("memory_fraction", False),
     "expert_imbalance": ("moe_imbalance", True),
+    "optimizer": ("optimizer_fraction", True),
 }
 _ORDER = ("memory_high", "recompute_gap", "bubble", "stage_imbalance", "uneven_chunks", "communication",
-          "compute_efficiency", "expert_imbalance", "memory_low", "rule_note")
+          "compute_efficiency", "optimizer", "expert_imbalance", "memory_low", "rule_note")
 
 
 class Finding(BaseModel):
@@ -143,6 +148,7 @@ class _Figures:
             st = out["stage_time_s"]
             self.stage_imbalance = np.nanmax(st, axis=1) / np.nanmin(st, axis=1)
             self.memory_fraction = np.nanmax(out["peak_memory_bytes"], axis=1) / out["memory_capacity_bytes"]
+            self.optimizer_fraction = np.asarray(out["optimizer_s"]) / step
         self.fits = np.asarray(out["fits"], dtype=bool)
 
     def get(self, name: str) -> np.ndarray:
@@ -160,6 +166,7 @@ def _base_figures(est: StepEstimate, plan: ParallelPlan, peak_flops: float) -> d
         "bubble_fraction": b["bubble"] / step,
         "stage_imbalance": max(est.stage_time_s) / min(est.stage_time_s),
         "memory_fraction": max(est.peak_memory_bytes) / est.memory_capacity_bytes,
+        "optimizer_fraction": b["optimizer"] / step,
     }
 
 
@@ -276,7 +283,10 @@ def neighbours(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 moves.append(("ep", {"ep": e2}))
         # The all-to-all hidden behind another micro-batch (--overlap-moe-expert-parallel-comm), or not.
         moves.append(("a2a overlap", {"moe_a2a_overlap": not plan.moe_a2a_overlap}))
-    # Data-parallel sharding: FSDP (ZeRO-3, pp 1 only) <-> the distributed optimizer (ZeRO-1).
+    # Data-parallel sharding: none -> the distributed optimizer (ZeRO-1; for Muon the layer-wise one, which also
+    # deals its Newton-Schulz iterations out); FSDP (ZeRO-3, pp 1 only) <-> the distributed optimizer.
+    if plan.zero_stage == 0 and plan.dp * cp > 1:
+        moves.append(("zero", {"zero_stage": 1, "distributed_optimizer": True}))
     if plan.zero_stage >= 2:
         moves.append(("zero", {"zero_stage": 1, "distributed_optimizer": True}))
     elif (dp1 := dp_for(tp, 1, cp)) and dp1 * cp > 1:
@@ -369,7 +379,7 @@ def _fmt_figure(name: str, v: float) -> str:
 
 _FIGURE_LABEL = {"compute_efficiency": "compute efficiency", "comm_fraction": "exposed comm",
                  "bubble_fraction": "bubble", "stage_imbalance": "max/min stage", "memory_fraction": "memory",
-                 "moe_imbalance": "expert load"}
+                 "moe_imbalance": "expert load", "optimizer_fraction": "optimizer step"}
 
 
 def format_findings(findings: Iterable[Finding]) -> list[str]:
@@ -427,7 +437,7 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                    moe_imbalance)
     found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + _uneven_chunks(plan)
              + d.memory() + d.pipeline()
-             + d.communication() + d.compute() + d.experts())
+             + d.communication() + d.compute() + d.optimizer() + d.experts())
     for note in schedule_notes(plan):
         found.append(Finding(kind="rule_note", severity="info", message="launch setting", suggestion=note))
     found.sort(key=lambda f: (f.severity != "warn", _ORDER.index(f.kind)))
@@ -617,6 +627,21 @@ class _Diagnosis:
                              f"compute at {100 * eff:.0f}% of the {self.dtype} dense peak ({eff * peak / 1e12:.0f} of "
                              f"{peak / 1e12:.0f} TFLOP/s per GPU while computing)", idx,
                              "no neighbouring plan computes more efficiently and faster")]
+
+    def optimizer(self) -> list[Finding]:
+        """The optimizer step (Adam's pass over its state; Muon's Newton-Schulz GEMMs, dealt out over the
+        data-parallel ranks only by the distributed optimizer)."""
+        frac = self.base["optimizer_fraction"]
+        if not frac > THRESHOLDS["optimizer_info"]:
+            return []
+        idx = self.best("optimizer")
+        sev = "warn" if frac > THRESHOLDS["optimizer_warn"] else self.soft(idx)
+        what = "Muon's Newton-Schulz iterations and the state update" if self.model.optimizer == "muon" \
+            else "the state update"
+        return [self.finding("optimizer", sev, f"optimizer step {100 * frac:.0f}% of the step "
+                                               f"({self.est.breakdown_s['optimizer']:.2f} of {self.step0:.2f} s: "
+                                               f"{what})", idx,
+                             "no neighbouring plan has a shorter optimizer step and a shorter step")]
 
     def experts(self) -> list[Finding]:
         """The measured expert load (with routing), or the assumed moe_imbalance of an MoE model."""

@@ -196,3 +196,20 @@ def test_whatif_varies_the_optimizer(capsys):
     points = {p["optimizer"]: p for p in out["points"]}
     assert set(points) == {"adam", "muon"}
     assert points["muon"]["step_time_s"] >= points["adam"]["step_time_s"]
+
+
+def test_plan_check_finds_a_long_muon_step_and_deals_it_out():
+    from planner.check import diagnose, format_findings
+
+    m = get_model("llama3-70b").model_copy(update={"optimizer": "muon"})
+    plan = ParallelPlan(tp=8, pp=4, dp=16, global_batch=512, zero_stage=0, distributed_optimizer=False)
+    found = [f for f in diagnose(m, load_cluster("h100x512"), plan) if f.kind == "optimizer"]
+    assert len(found) == 1
+    f = found[0]
+    assert f.alternative is not None and f.alternative.zero_stage == 1 and f.alternative.distributed_optimizer
+    before, after = f.predicted["optimizer_fraction"]
+    assert before > 0.04 and after < before / 4 and f.gain < 0
+    assert "Muon's Newton-Schulz" in format_findings([f])[0] and "zero_stage 0 -> 1" in format_findings([f])[0]
+    # Adam's step on the same layout is under the band: no finding.
+    adam = [f for f in diagnose(get_model("llama3-70b"), load_cluster("h100x512"), plan) if f.kind == "optimizer"]
+    assert adam == []

@@ -30,12 +30,12 @@ LOG = ROOT / "tests" / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log"
 
 
 def _pair(name="llama3-70b", **plan):
-    adam = get_model(name)
-    mu = adam.model_copy(update={"optimizer": "muon"})
-    cluster = load_cluster("h100x512")
-    cols = dict(dict(tp=8, pp=4, vpp=1, dp=16, micro_batch=1, global_batch=512, recompute=0), **plan)
-    arrays = PlanArrays.from_columns(**cols)
-    return estimate_arrays(adam, cluster, arrays), estimate_arrays(mu, cluster, arrays), adam, mu
+    """Adam's and Muon's estimates of one layout on 512 H100, and the two models."""
+    arrays = PlanArrays.from_columns(**{"tp": 8, "pp": 4, "vpp": 1, "dp": 16, "micro_batch": 1, "global_batch": 512,
+                                        "recompute": 0, **plan})
+    models = [get_model(name).model_copy(update={"optimizer": o}) for o in ("adam", "muon")]
+    outs = [estimate_arrays(m, load_cluster("h100x512"), arrays) for m in models]
+    return (*outs, *models)
 
 
 def test_newton_schulz_is_five_iterations_of_three_gemms_at_the_smaller_side():

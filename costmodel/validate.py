@@ -216,6 +216,7 @@ _LABEL = re.compile(r"^(?:tp|pp|cp|ep|dp|vpp?|etp|mbs|gbs|micro[-_ ]?batch|globa
 _ANNOTATED = re.compile(r"(\d+)(?:\s*-?\s*way)?(?:\s*(?:\(.*\)|[,;]?\s*[a-z].*))?", re.I)
 _BLANKS = ("\u2014", "\u2013", "auto", "?", "n.a.", "--")
 _VIRTUAL = re.compile(r"(?:interleav\w*|vpp?|virtual(?:[-_ ]stages?)?)\D{0,3}(\d+)", re.I)
+_VIRTUAL_CELL = re.compile(r"(?:interleav\w*|virtual(?:[-_ ]stages?)?)\W{0,3}(\d+)\W{0,2}", re.I)
 
 
 def _annotated_counts(row: dict, assumed: list[str]) -> dict:
@@ -240,9 +241,15 @@ def _annotated_counts(row: dict, assumed: list[str]) -> dict:
             # Another number outside brackets ("8 or 16") is a second reading: left as written (a pipeline's
             # "16, vpp 4" excepted).
             rest = re.sub(r"\(.*?\)", "", text[m.end(1):]) if m else ""
-            if not m or _MULTIPLE.match(text) or (re.search(r"\d", rest) and not (col == "pp" and _VIRTUAL.search(rest))):
+            # The vp column's number after its word: "interleaved (2)", "virtual stages: 2".
+            worded = _VIRTUAL_CELL.fullmatch(text) if col == "vp" and not m else None
+            if worded:
+                x = int(worded.group(1))
+            elif not m or _MULTIPLE.match(text) or (re.search(r"\d", rest)
+                                                    and not (col == "pp" and _VIRTUAL.search(rest))):
                 continue
-            x = int(m.group(1))
+            else:
+                x = int(m.group(1))
         out[col] = str(x)
         assumed.append(f"{col}={x} (from {raw!r})")
         virtual = _VIRTUAL.search(text) if col == "pp" else None

@@ -411,7 +411,8 @@ def test_a_figure_with_a_unit_that_gives_no_step_time_stays_an_error(tmp_path, u
     (dict(global_batch="2048 seqs"), "global_batch", 2048), (dict(global_batch="2048 (16M tokens)"), "global_batch", 2048),
     (dict(global_batch="16Mi tokens"), "global_batch", 2048), (dict(num_gpus="1024 nodes"), "num_gpus", 8192),
     (dict(num_gpus="1024x8"), "num_gpus", 8192), (dict(num_gpus="8,192 (1,024 nodes)"), "num_gpus", 8192),
-    (dict(dp="auto"), "dp", 64), (dict(pp="16, vpp 4"), "vpp", 4), (dict(num_gpus="1024 x 8 GPUs"), "num_gpus", 8192), (dict(cp="\u2014"), "cp", 1), (dict(gpus_per_node="8 GPUs"), "num_gpus", 8192)])
+    (dict(dp="auto"), "dp", 64), (dict(pp="16, vpp 4"), "vpp", 4), (dict(num_gpus="1024 x 8 GPUs"), "num_gpus", 8192), (dict(cp="\u2014"), "cp", 1), (dict(gpus_per_node="8 GPUs"), "num_gpus", 8192),
+    (dict(vp="interleaved (2)"), "vpp", 2), (dict(vp="virtual stages: 4"), "vpp", 4)])
 def test_a_count_written_with_words_around_it(tmp_path, upd, field, want):
     case = _case(tmp_path, **upd)
     got = case.cluster.num_gpus if field == "num_gpus" else getattr(case.plan, field)

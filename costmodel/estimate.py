@@ -767,7 +767,10 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem.activations = (per_mb * inflight * (eb / 2.0) + np.where(last, np.maximum(work_b, logits), work_b)) \
         * c.cal.activation_memory
     p_dense_stage, p_exp_stage, grad_b, fsdp, zero = p.dense, p.expert, p.grad_b, p.fsdp, p.zero
-    w_bytes = max(memory.WEIGHT_BYTES, eb) + (np.where(p.dist > 0, 0.0, memory.FP8_WEIGHT_EXTRA_BYTES_UNSHARDED)
+    # FP8 weights stay FP8 only with Megatron's distributed optimizer or FSDP (--fp8-param-gather), not under
+    # Muon's layer-wise one (planner/outputs.py _fp8_param_flags).
+    fp8_params = (p.dist > 0) & (model.optimizer != "muon")
+    w_bytes = max(memory.WEIGHT_BYTES, eb) + (np.where(fp8_params, 0.0, memory.FP8_WEIGHT_EXTRA_BYTES_UNSHARDED)
                                               if fp8 else 0.0)
     p_stage = p_dense_stage + p_exp_stage
     mem.weights = np.where(fsdp > 0, p_dense_stage * w_bytes / col(c.sh) + p_exp_stage * w_bytes / col(c.sh_e),

@@ -627,12 +627,12 @@ def _precision_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, fp8_recipe
     elif p == "mxfp8":
         f.out += ["--fp8-format e4m3", "--fp8-recipe mxfp8"]
     if p in ("fp8", "mxfp8"):
-        _fp8_param_flags(plan, f, p)
+        _fp8_param_flags(plan, f, p, model.optimizer)
     elif p == "nvfp4":
         f.out += ["--fp4-format e2m1", "--fp4-recipe nvfp4"]
 
 
-def _fp8_param_flags(plan: ParallelPlan, f: _Flags, precision: str) -> None:
+def _fp8_param_flags(plan: ParallelPlan, f: _Flags, precision: str, optimizer: str = "adam") -> None:
     """FP8 parameters, as the estimate prices a sharded FP8 run's weights (costmodel/memory.py: 2 bytes a
     parameter, FP8_WEIGHT_EXTRA_BYTES_UNSHARDED more without a sharded optimizer state) and NVIDIA's
     Megatron-Bridge recipes run them (training/mixed_precision.py: fp8_param_gather=True for the delayed,
@@ -644,6 +644,15 @@ def _fp8_param_flags(plan: ParallelPlan, f: _Flags, precision: str) -> None:
     # Megatron-LM arguments.py validate_args: "--fp8-param-gather only supported with distributed optimizer, torch
     #   fsdp2, megatron fsdp, or inference mode"; megatron-core distributed_data_parallel_config.py: "Reuse grad
     #   buffer only when keeping params in MXFP8" (reuse_grad_buf_for_mxfp8_param_ag asserts fp8_param_gather).
+    if optimizer == "muon":
+        # Muon's layer-wise distributed optimizer is not Megatron's distributed optimizer, which --fp8-param-gather
+        # asserts; Megatron-Bridge's Kimi K2 recipe turns both FP8 parameter options off for dist_muon with MXFP8
+        # (scripts/performance/configs/kimi/kimi_llm_pretrain.py: "incompatible with Muon's
+        # LayerWiseDistributedOptimizer").
+        f.notes.append("# no --fp8-param-gather: Megatron-LM allows it only with its distributed optimizer, not Muon's "
+                       "layer-wise one; each weight is held in bf16 and as Transformer Engine's FP8 copies, 4 bytes a "
+                       "parameter (as the estimate prices it)")
+        return
     if not (plan.distributed_optimizer or plan.zero_stage >= 2):
         f.notes.append("# no --fp8-param-gather: Megatron-LM allows it only with a sharded optimizer state; each "
                        "weight is held in bf16 and as Transformer Engine's FP8 copies, 4 bytes a parameter (as "

@@ -213,3 +213,18 @@ def test_plan_check_finds_a_long_muon_step_and_deals_it_out():
     # Adam's step on the same layout is under the band: no finding.
     adam = [f for f in diagnose(get_model("llama3-70b"), load_cluster("h100x512"), plan) if f.kind == "optimizer"]
     assert adam == []
+
+
+def test_fp8_weights_stay_bf16_with_fp8_copies_under_muon():
+    # --fp8-param-gather needs Megatron's distributed optimizer, which Muon's layer-wise one is not: each weight is
+    # bf16 plus Transformer Engine's FP8 copies, 4 bytes where a sharded Adam FP8 run holds 2.
+    fp8 = get_model("llama3-70b", precision="fp8")
+    arrays = PlanArrays.from_columns(tp=8, pp=4, vpp=1, dp=16, micro_batch=1, global_batch=512, recompute=0)
+    cluster = load_cluster("h100x512")
+    adam = estimate_arrays(fp8, cluster, arrays)
+    mu = estimate_arrays(fp8.model_copy(update={"optimizer": "muon"}), cluster, arrays)
+    assert mu["weights_bytes"][0] == pytest.approx(2 * adam["weights_bytes"][0], rel=1e-12)
+    plan = ParallelPlan(tp=8, pp=4, dp=16, global_batch=512)
+    assert "--fp8-param-gather" in megatron_args(fp8, plan)
+    args = megatron_args(fp8.model_copy(update={"optimizer": "muon"}), plan)
+    assert "--fp8-param-gather" not in args and any("not Muon's layer-wise one" in a for a in args)

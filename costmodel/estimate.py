@@ -779,13 +779,14 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
                                    + p_exp_stage * grad_b / col(c.sh_e), p_stage * grad_b)
     if c.grad_compression is not None:
         mem.grads = mem.grads + c.wgrad * p_stage * c.grad_compression.residual_bytes_per_element
-    opt_bytes = c.wgrad * memory.optimizer_state_bytes(model.precision) * (p_dense_stage / p.shard
-                                                                          + p_exp_stage / p.shard_e)
+    adam_b = memory.optimizer_state_bytes(model.precision)
     if model.optimizer == "muon":
         # Muon's matrices keep one momentum beside the fp32 master weight; the embedding and output layer Adam's.
         muon_b = memory.muon_state_bytes(model.precision)
-        opt_bytes = c.wgrad * (memory.optimizer_state_bytes(model.precision) * p.edge / p.shard
+        opt_bytes = c.wgrad * (adam_b * p.edge / p.shard
                                + muon_b * ((p_dense_stage - p.edge) / p.shard + p_exp_stage / p.shard_e))
+    else:
+        opt_bytes = c.wgrad * adam_b * (p_dense_stage / p.shard + p_exp_stage / p.shard_e)
     # Optimizer offload: that share of the state (and a pinned fp32 copy of its gradients) lives in host memory.
     # DeepSpeed's ZeRO-Offload also moves the gradient shard it keeps (ZeRO-2 and up) to the host as it is
     # reduced; megatron-core keeps its gradient buffer on the GPU.

@@ -181,15 +181,23 @@ def goodput(interval_s, save_s, restart_s, rate_per_s):
     return 1.0 / wall_time_factor(interval_s, save_s, restart_s, rate_per_s)
 
 
+def muon_matrix_bytes(model: ModelSpec, policy: CheckpointPolicy) -> float | None:
+    """Checkpoint bytes per parameter of a Muon model's matrices at the default policy (weights plus Adam's
+    state): one moment where Adam saves two (costmodel/memory.py muon_state_bytes); None otherwise."""
+    if model.optimizer != "muon" or policy.bytes_per_param != CHECKPOINT_BYTES_PER_PARAM:
+        return None
+    return WEIGHT_BYTES + muon_state_bytes(model.precision)
+
+
 def checkpoint_bytes(model: ModelSpec, policy: CheckpointPolicy = CheckpointPolicy()) -> float:
-    """Bytes of one checkpoint: every parameter at the policy's bytes. At the default (weights plus Adam's
-    state), a Muon model's matrices save one moment where Adam saves two (costmodel/memory.py
-    muon_state_bytes); its embedding and output layer keep Adam's."""
+    """Bytes of one checkpoint: every parameter at the policy's bytes, a Muon model's matrices at
+    :func:`muon_matrix_bytes` (its embedding and output layer keep Adam's)."""
     n = total_params(model)
-    if model.optimizer == "muon" and policy.bytes_per_param == CHECKPOINT_BYTES_PER_PARAM:
+    matrix = muon_matrix_bytes(model, policy)
+    if matrix is not None:
         e = embedding_params(model)
         adam = e["embedding"] + e["lm_head"]
-        return float(adam * policy.bytes_per_param + (n - adam) * (WEIGHT_BYTES + muon_state_bytes(model.precision)))
+        return float(adam * policy.bytes_per_param + (n - adam) * matrix)
     return float(n * policy.bytes_per_param)
 
 

@@ -300,6 +300,26 @@ _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairsc
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
 
+def _names_paxml(t: str) -> bool:
+    """Whether normalised text (lower case, runs of spaces and underscores as '-') names Pax (Praxis: Pax's layer
+    library)."""
+    return "paxml" in t or "praxis" in t or bool(re.search(r"(^|\W)pax(\W|$)", t))
+
+
+def _megatron_lm_tag(t: str) -> str | None:
+    """The generation a Megatron-LM release tag in normalised text names: v1.x 2020, v2.x 2021 and v3.x 2022
+    (before megatron-core's core_r0.x); None without one (or where megatron-core is named)."""
+    tag = re.search(r"megatron-lm-?v?([1-3])\.\d+(?!\d)", t)
+    if tag is None or "core" in t:
+        return None
+    return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
+
+
+def _years(text: str) -> list[int]:
+    """The years 2010-2029 a text names."""
+    return [int(y) for y in re.findall(r"(?<!\d)(20[12]\d)(?!\d)", text)]
+
+
 def framework_of(row: dict, assumed: list[str]) -> str:
     """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
     megatron-lm-2020, paxml, other, other-2022). A row that leaves it empty, or a CSV without the column (the
@@ -345,25 +365,23 @@ def framework_named(text: str, row: dict) -> str | None:
     bare Megatron-LM takes the generation the row's notes and source name (the 2020 README tables, the 2021
     papers) and megatron-core otherwise."""
     t = re.sub(r"[\s_]+", "-", text.lower())
-    if "paxml" in t or "praxis" in t or re.search(r"(^|\W)pax(\W|$)", t):   # Praxis: Pax's layer library
+    if _names_paxml(t):
         return "paxml"
     if "deepspeed" in t or re.search(_OTHER_STACKS, text.lower()):
         return "other"
     if re.search(r"megatron|nemo|mcore|bridge", t):
-        # Megatron-LM's own release tags: v1.x 2020, v2.x 2021 and v3.x 2022 (before megatron-core's core_r0.x).
-        tag = re.search(r"megatron-lm-?v?([1-3])\.\d+(?!\d)", t)
-        if tag and "core" not in t:
-            return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
-        year = re.search(r"(?<!\d)(20[12]\d)(?!\d)", t)
-        if year:
-            return _megatron_of_year(int(year.group(1)))
+        tag = _megatron_lm_tag(t)
+        if tag:
+            return tag
+        years = _years(t)
+        if years:
+            return _megatron_of_year(years[0])
         if "megatron-lm" in t and not re.search(r"\d", t):
             notes = framework_from_notes(row)
             if notes.startswith("megatron-lm"):
                 return notes
             # A bare Megatron-LM takes the generation of the latest year its source and notes name.
-            text = " ".join(row.get(c) or "" for c in ("source_id", "notes"))
-            years = [int(y) for y in re.findall(r"(?<!\d)(20[12]\d)(?!\d)", text)]
+            years = _years(" ".join(row.get(c) or "" for c in ("source_id", "notes")))
             return _megatron_of_year(max(years)) if years else "megatron-core"
         return "megatron-core"
     return None
@@ -387,7 +405,7 @@ def framework_from_notes(row: dict) -> str:
     otherwise megatron-core."""
     text = " ".join([row.get("notes", ""), row.get("model_name", ""), row.get("zero_stage_or_distopt", "")]).lower()
     t = re.sub(r"[\s_]+", "-", text)
-    if "paxml" in t or "praxis" in t or re.search(r"(^|\W)pax(\W|$)", t):
+    if _names_paxml(t):
         return "paxml"
     megatron = re.search(r"megatron|nemo|mcore", t)
     # Megatron-DeepSpeed (BigScience's and Microsoft's fork: Megatron-LM's layers under DeepSpeed's pipeline
@@ -400,13 +418,13 @@ def framework_from_notes(row: dict) -> str:
     if "ddp-impl" in text or "narayanan" in text or "paper table 1" in text or "table 3 config" in text \
             or "korthikanti" in row.get("source_id", "").lower():
         return "megatron-lm-2021"
-    tag = re.search(r"megatron-lm-?v?([1-3])\.\d+(?!\d)", t)
-    if tag and "core" not in t:
-        return "megatron-lm-2020" if tag.group(1) == "1" else "megatron-lm-2021"
+    tag = _megatron_lm_tag(t)
+    if tag:
+        return tag
     container = re.search(r"nemo(?:-megatron|-framework)?-?v?(2\d)\.(0[1-9]|1[0-2])(?!\d)", t)
     if container:
         return _megatron_of_year(2000 + int(container.group(1)))
-    years = [int(y) for y in re.findall(r"(?<!\d)(20[12]\d)(?!\d)", " ".join([text, row.get("source_id", "")]))]
+    years = _years(" ".join([text, row.get("source_id", "")]))
     newer = re.search(r"core|bridge|transformer-engine|fp8|h100|h200|b200|b300|gb200|gb300|nemo-2", t)
     if years and max(years) <= 2022 and not newer:
         return _megatron_of_year(max(years)) if megatron else "other"

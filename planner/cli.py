@@ -706,12 +706,10 @@ def _sweep_with_progress(scenarios, assumptions, quiet: bool):
 
 def _muon_checkpoint_note(model, policy) -> str:
     """'(10 on Muon's matrices) ' where the default checkpoint size applies to a Muon model (goodput.checkpoint_bytes)."""
-    from costmodel.goodput import CHECKPOINT_BYTES_PER_PARAM
-    from costmodel.memory import WEIGHT_BYTES, muon_state_bytes
+    from costmodel.goodput import muon_matrix_bytes
 
-    if model.optimizer != "muon" or policy.bytes_per_param != CHECKPOINT_BYTES_PER_PARAM:
-        return ""
-    return f"({WEIGHT_BYTES + muon_state_bytes(model.precision):g} on Muon's matrices) "
+    matrix = muon_matrix_bytes(model, policy)
+    return "" if matrix is None else f"({matrix:g} on Muon's matrices) "
 
 
 def _capacity_output(args, kind, model, a, points, dims, series, decision, title, deadline=None, budget=None) -> int:

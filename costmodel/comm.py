@@ -30,8 +30,6 @@ A2A_INTER_EFFICIENCY = 0.90
 # Inside the NVLink domain DeepEP reaches 153-158 GB/s on H800 (~200 GB/s NVLink) and 643-740 GB/s
 # on Blackwell (900 GB/s): about 0.8 of the link rate.
 A2A_INTRA_EFFICIENCY = 0.80
-# Leaf switch radix: nodes behind one leaf (rail) switch before traffic crosses the spine.
-NODES_PER_LEAF = 32
 
 
 def group_span(stride, size, domain: int):
@@ -68,6 +66,41 @@ def _intra_busbw(profile: HardwareProfile, cluster: ClusterSpec, collective: str
     return LINK_EFFICIENCY * link * size_eff * scale
 
 
+def core_share(cluster: ClusterSpec, n_domains, all_to_all: bool = False) -> np.ndarray:
+    """Share of the NIC rate a group's network traffic keeps on a fat tree whose core is oversubscribed
+    (``inter_node.oversubscription`` above blocks of ``inter_node.full_bisection_nodes`` nodes), when every group
+    of its kind moves data at once (the data-parallel reduce, the expert all-to-all). Nothing is lost inside one
+    block, nor on a full-bisection core. The group's domains are taken as contiguous (ranks in order), spread
+    evenly over the blocks they span; each block's GPUs can send 1/oversubscription of their NIC rate over the
+    core.
+
+    - Rings (all-reduce, all-gather, reduce-scatter: NCCL's rings over the domains, one per NIC rail) cross
+      the core once out of each block they span, however many of the group's d domains the block holds, so
+      the block's crossing traffic is 1/d of its GPUs' ring rate: the rings keep the full rate while
+      d >= oversubscription, else d / oversubscription of it.
+    - All-to-all: a rank's network traffic goes evenly to the group's other N - 1 domains, (N - d) / (N - 1)
+      of it to other blocks, so the rate is 1 / (oversubscription x that share), at most the full rate.
+
+    The capacity argument of a well-placed job, not a measurement: ECMP collisions and other tenants'
+    traffic are not in it. A pipeline send/recv is priced as a pair of neighbouring domains (one block,
+    unless a block is smaller than two domains): a stage boundary crosses a block boundary only now and then.
+    A torus has no core: it keeps its own rule (:func:`_inter_bw_per_gpu`)."""
+    n = np.asarray(n_domains, dtype=float)
+    over = cluster.inter_node.oversubscription
+    if over <= 1.0:
+        return np.ones_like(n)
+    per_domain = max(cluster.domain_gpus // cluster.gpus_per_node, 1)
+    block = max(cluster.inter_node.full_bisection_nodes // per_domain, 1)     # domains in one block
+    blocks = np.ceil(n / block)
+    d = n / np.maximum(blocks, 1.0)                                             # the group's domains per block
+    if all_to_all:
+        crossing = (n - d) / np.maximum(n - 1.0, 1.0)
+        share = 1.0 / np.maximum(over * crossing, 1.0)
+    else:
+        share = np.minimum(d / over, 1.0)
+    return np.where(blocks > 1, share, 1.0)
+
+
 def _inter_bw_per_gpu(cluster: ClusterSpec, n_domains, nbytes, all_to_all: bool = False) -> np.ndarray:
     """Network bandwidth per GPU for traffic that leaves the NVLink domain."""
     nic = cluster.inter_node.nic_bandwidth_bytes_per_s * NIC_EFFICIENCY
@@ -75,9 +108,8 @@ def _inter_bw_per_gpu(cluster: ClusterSpec, n_domains, nbytes, all_to_all: bool 
     size_eff = np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 2e6)
     bw = nic * size_eff * np.ones_like(np.asarray(n_domains, dtype=float))
     nodes_spanned = np.asarray(n_domains, dtype=float) * max(cluster.domain_gpus // cluster.gpus_per_node, 1)
-    over = cluster.inter_node.oversubscription
-    if over > 1.0:
-        bw = np.where(nodes_spanned > NODES_PER_LEAF, bw / over, bw)
+    if cluster.topology != "torus":
+        bw = bw * core_share(cluster, n_domains, all_to_all)
     if cluster.topology == "torus":
         # A ring maps onto a torus dimension at full rate; all-to-all crosses the bisection,
         # which for a 3-D torus of N nodes shrinks as N^(1/3) relative to a fat tree.
@@ -227,17 +259,18 @@ def topology_graph(cluster: ClusterSpec) -> nx.Graph:
                     g.add_edge(f"nvswitch{d}", f"nvswitch{e}", bandwidth_bytes_per_s=nic * gpn, link="torus")
         return g
     rails = cluster.inter_node.rails
-    leaves = max(1, -(-n_domains * max(domain // gpn, 1) // NODES_PER_LEAF))
+    per_leaf = cluster.inter_node.full_bisection_nodes
+    leaves = max(1, -(-n_domains * max(domain // gpn, 1) // per_leaf))
     g.add_node("spine", kind="spine")
     for leaf in range(leaves):
         for r in range(rails if cluster.topology == "rail-optimised" else 1):
             name = f"leaf{leaf}.rail{r}"
             g.add_node(name, kind="leaf")
-            g.add_edge(name, "spine", bandwidth_bytes_per_s=nic * NODES_PER_LEAF / cluster.inter_node.oversubscription,
+            g.add_edge(name, "spine", bandwidth_bytes_per_s=nic * per_leaf / cluster.inter_node.oversubscription,
                        link="spine")
     for gpu in range(cluster.num_gpus):
         node = gpu // gpn
-        leaf = node // NODES_PER_LEAF
+        leaf = node // per_leaf
         rail = (gpu % gpn) % rails if cluster.topology == "rail-optimised" else 0
         g.add_edge(gpu, f"leaf{leaf}.rail{rail}", bandwidth_bytes_per_s=nic, link="nic")
     return g

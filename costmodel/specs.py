@@ -349,7 +349,12 @@ class InterNodeFabric(FrozenSpec):
     latency_s: Seconds = 5e-6
     """One-hop latency of a small message across the fabric."""
     oversubscription: _float(1.0, 1e3) = 1.0
-    """Core oversubscription of the fat tree (1.0 = full bisection)."""
+    """Core oversubscription of the fat tree (1.0 = full bisection): the links above a full-bisection block
+    carry 1/oversubscription of what its GPUs' NICs can send."""
+    full_bisection_nodes: Nodes = 32
+    """Nodes in one full-bisection block (32: a leaf, or rail, switch of a two-tier fat tree such as a DGX
+    SuperPOD scalable unit; a pod of a three-tier Clos, e.g. 384 for Meta's 3,072-GPU pods). Traffic between
+    blocks meets ``oversubscription`` (costmodel/comm.py core_share)."""
 
 
 class IntraNodeFabric(FrozenSpec):

@@ -103,15 +103,16 @@ def _ints(values: list[str], dim: str) -> list[int]:
 # Scenarios: a model on a cluster with the knobs a sweep varies
 # ---------------------------------------------------------------------------------------------------------
 
-DIMENSIONS = ("gpus", "gpu", "bandwidth", "seq_len", "global_batch", "precision", "compression", "finetune",
-              "optimizer", "optimizer_offload")
+DIMENSIONS = ("gpus", "gpu", "bandwidth", "oversubscription", "seq_len", "global_batch", "precision", "compression",
+              "finetune", "optimizer", "optimizer_offload")
 _ALIASES = {"num_gpus": "gpus", "size": "gpus", "gpu_type": "gpu", "hardware": "gpu", "nic": "bandwidth",
             "inter_node_bandwidth": "bandwidth", "network": "bandwidth", "seq": "seq_len", "seqlen": "seq_len",
             "sequence_length": "seq_len", "batch": "global_batch", "gbs": "global_batch",
             "grad_compression": "compression", "dtype": "precision", "peft": "finetune", "training": "finetune",
             "optimizer_cpu_offload": "optimizer_offload", "optimizer_offload_fraction": "optimizer_offload",
-            "optim_offload": "optimizer_offload"}
-NUMERIC = {"gpus", "bandwidth", "seq_len", "global_batch", "optimizer_offload"}
+            "optim_offload": "optimizer_offload", "core_oversubscription": "oversubscription",
+            "taper": "oversubscription"}
+NUMERIC = {"gpus", "bandwidth", "oversubscription", "seq_len", "global_batch", "optimizer_offload"}
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,8 @@ def parse_vary(spec: str) -> tuple[str, list]:
         values = [parse_bandwidth(v, "--vary bandwidth value") for v in raw]
     elif dim == "optimizer_offload":
         values = [_share(v) for v in raw]
+    elif dim == "oversubscription":
+        values = [_oversubscription(v) for v in raw]
     elif dim == "gpu":
         values = [load_profile(v).name for v in raw]
     elif dim == "compression":
@@ -212,6 +215,19 @@ def _share(text: str) -> float:
     return x
 
 
+def _oversubscription(text: str) -> float:
+    """A --vary oversubscription value: the fat tree's core oversubscription, '2', '2:1', 7 (1 = full bisection)."""
+    head, _, tail = text.partition(":")
+    try:
+        x = float(head) / (float(tail) if tail else 1.0)
+    except (ValueError, ZeroDivisionError):
+        x = math.nan
+    if not 1.0 <= x <= 1e3:
+        raise InputError(f"--vary oversubscription: {text!r} is not a core oversubscription from 1 (full bisection) "
+                         f"to 1000, such as 2 or 2:1")
+    return x
+
+
 def vary(sc: Scenario, dim: str, value) -> Scenario:
     """The scenario with one quantity changed."""
     m, cl = sc.model, sc.cluster
@@ -221,9 +237,9 @@ def vary(sc: Scenario, dim: str, value) -> Scenario:
         # A PCIe board's NVLink domain (a bridged pair) replaces the node-wide one of the cluster it is put in.
         cl = gpu_nvlink_domain(cl.model_copy(update={"gpu": value, "name": f"{value.lower()}x{cl.num_gpus}"}),
                                load_profile(value))
-    elif dim == "bandwidth":
-        cl = cl.model_copy(update={"inter_node": cl.inter_node.model_copy(
-            update={"nic_bandwidth_bytes_per_s": float(value)})})
+    elif dim in ("bandwidth", "oversubscription"):
+        field = "nic_bandwidth_bytes_per_s" if dim == "bandwidth" else "oversubscription"
+        cl = cl.model_copy(update={"inter_node": cl.inter_node.model_copy(update={field: float(value)})})
     elif dim == "seq_len":
         m = with_overrides(m, f"model {m.name!r}", int(value), None)
     elif dim == "precision":

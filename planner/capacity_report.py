@@ -17,6 +17,8 @@ def fmt_value(dim: str, v) -> str:
         return f"{v * 8 / 1e9:.0f} Gb/s"
     if dim == "optimizer_offload":
         return "none" if not v else ("all" if v >= 1 else f"{v:.0%}")
+    if dim == "oversubscription":
+        return f"{v:g}:1"
     return str(v)
 
 
@@ -91,6 +93,7 @@ def _x_positions(points: list[CapacityPoint], x_dim: str):
 
 def _xlabel(x_dim: str) -> str:
     return {"gpus": "GPUs", "gpu": "GPU type", "bandwidth": "inter-node bandwidth per GPU (Gb/s)",
+            "oversubscription": "core oversubscription of the fat tree (x:1)",
             "seq_len": "sequence length", "global_batch": "global batch (sequences)", "precision": "precision",
             "compression": "DP gradient compression", "finetune": "what trains (full or LoRA)", "optimizer": "optimizer (Adam or Muon)",
             "optimizer_offload": "share of the optimizer state in host memory"}.get(x_dim, x_dim)

@@ -804,7 +804,8 @@ def cmd_capacity(argv: list[str]) -> int:
 def cmd_whatif(argv: list[str]) -> int:
     ap = _Parser(prog="plan whatif",
                  description="Re-plan a model on a cluster while one or two quantities vary: gpus, gpu, bandwidth, "
-                             "seq_len, global_batch, precision, compression, finetune, optimizer, optimizer_offload.")
+                             "oversubscription, seq_len, global_batch, precision, compression, finetune, optimizer, "
+                             "optimizer_offload.")
     _capacity_args(ap)
     ap.add_argument("--cluster", required=True, help="cluster YAML (a path or a file in hardware_profiles/clusters/)")
     ap.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2,...",

@@ -6,6 +6,7 @@ cannot be met is reported with the closest option; bad values are one-line exit-
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +54,13 @@ def test_parse_suffixes():
     assert parse_vary("seq=4k,8192") == ("seq_len", [4096, 8192])
     assert parse_vary("gpu=h100,b200") == ("gpu", ["H100", "B200"])
     assert parse_vary("precision=bf16,fp8-mixed") == ("precision", ["bf16", "fp8"])
+    assert parse_vary("taper=1,2:1,7") == ("oversubscription", [1.0, 2.0, 7.0])
     for bad, fn in (("15X", parse_tokens), ("-3T", parse_tokens), ("soon", parse_duration), ("0d", parse_duration),
                     ("lots", parse_money), ("fast", parse_bandwidth), ("400G", parse_bandwidth)):
         with pytest.raises(InputError):
             fn(bad)
-    for bad in ("gpus", "colour=red", "gpus=", "gpus=8,8", "gpu=TPU", "precision=fp2", "compression=zip"):
+    for bad in ("gpus", "colour=red", "gpus=", "gpus=8,8", "gpu=TPU", "precision=fp2", "compression=zip",
+                "oversubscription=0.5", "oversubscription=1:2", "oversubscription=high", "oversubscription=2:0"):
         with pytest.raises(InputError):
             parse_vary(bad)
 
@@ -109,6 +112,21 @@ def test_more_bandwidth_never_slower(base70):
     step = [p.step_time_s for p in pts]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(step, step[1:])), step
     assert step[0] > step[-1] * 1.2
+
+
+def test_a_thinner_core_never_helps_and_slows_rings_with_few_domains_per_block(base70):
+    """With one node per full-bisection block every data-parallel ring crosses the core out of each node
+    (costmodel/comm.py core_share): the best plan slows as the core thins; with 32-node blocks (the cluster as
+    shipped) a 1:16 core leaves the 70B plan as it was."""
+    cl = base70.cluster
+    per_node = replace(base70, cluster=cl.model_copy(update={"inter_node": cl.inter_node.model_copy(
+        update={"full_bisection_nodes": 1})}))
+    step = [p.step_time_s for p in _sweep(per_node, "oversubscription", [1.0, 4.0, 16.0])]
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(step, step[1:])), step
+    assert step[-1] > step[0] * 1.01, step
+    shipped = [p.step_time_s for p in _sweep(base70, "oversubscription", [1.0, 16.0])]
+    assert shipped[0] == shipped[1]
+    assert vary(base70, "oversubscription", 7.0).cluster.inter_node.oversubscription == 7.0
 
 
 def test_faster_gpu_types_train_faster(base70):

@@ -101,7 +101,7 @@ BASE_CLUSTER = {"gpu": "H100", "nodes": 4, "gpus_per_node": 8, "nvlink_domain_gp
                 "price_per_gpu_hour_usd": 2.5, "storage_bandwidth_bytes_per_s": 100e9}
 CLUSTER_FIELDS = ["gpu", "nodes", "gpus_per_node", "nvlink_domain_gpus", "inter_node.nic_bandwidth_bytes_per_s",
                   "inter_node.rails", "inter_node.latency_s", "inter_node.oversubscription",
-                  "intra_node.bandwidth_bytes_per_s", "price_per_gpu_hour_usd", "storage_bandwidth_bytes_per_s",
+                  "inter_node.full_bisection_nodes", "intra_node.bandwidth_bytes_per_s", "price_per_gpu_hour_usd", "storage_bandwidth_bytes_per_s",
                   "topology", "device_groups"]
 SMALL = ModelSpec(name="fuzz", layers=4, hidden=256, ffn_hidden=1024, heads=4, vocab=1000, seq_len=128)
 

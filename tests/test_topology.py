@@ -3,6 +3,7 @@
 import networkx as nx
 import numpy as np
 
+from costmodel import comm
 from costmodel.comm import _intra_busbw, group_links, group_span, moe_dispatch_time_s, topology_graph
 from costmodel.profiles import load_cluster, load_profile
 
@@ -92,3 +93,48 @@ def test_group_limited_routing_reaches_fewer_nodes():
     free = float(moe_dispatch_time_s(prof, c, token_bytes, 8, 64, 8, 8)) - 2 * lat
     limited = float(moe_dispatch_time_s(prof, c, token_bytes, 8, 64, 8, 8, groups=(8, 4))) - 2 * lat
     assert np.isclose(limited / free, 3.5 / (8 * (1 - (7 / 8) ** 8) * 7 / 8), rtol=0.02)
+
+
+def _fabric(cluster, oversubscription: float, block_nodes: int = 32):
+    return cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(
+        update={"oversubscription": oversubscription, "full_bisection_nodes": block_nodes})})
+
+
+def test_rings_keep_the_nic_rate_while_a_block_holds_enough_of_their_domains():
+    """A ring over 64 nodes in two 32-node blocks crosses the core once out of each block: its 32 domains there
+    share one crossing, so a 1:7 core does not slow it; 1:64 leaves it 32/64 of the rate, the network part twice
+    as long."""
+    prof, c = load_profile("H100"), load_cluster("h100x8192")
+    one = float(comm.collective_time_s(prof, c, "all_reduce", 1e9, 64, 1, 64))
+    assert float(comm.collective_time_s(prof, _fabric(c, 7.0), "all_reduce", 1e9, 64, 1, 64)) == one
+    assert comm.core_share(_fabric(c, 64.0), 64) == 0.5
+    slow = float(comm.collective_time_s(prof, _fabric(c, 64.0), "all_reduce", 1e9, 64, 1, 64))
+    lat = 2 * prof.latency_s("all_reduce")
+    assert np.isclose(slow - lat, 2 * (one - lat))
+    # Three blocks of 8 nodes for 24 domains: 8 per block, under a 1:16 core half the rate.
+    assert comm.core_share(_fabric(c, 16.0, 8), 24) == 0.5
+    # Inside one block, or on a full-bisection core, nothing changes.
+    assert comm.core_share(_fabric(c, 64.0), 32) == 1.0
+    assert comm.core_share(_fabric(c, 1.0), 1024) == 1.0
+
+
+def test_all_to_all_pays_for_the_share_of_its_traffic_that_leaves_the_block():
+    """An all-to-all over 64 domains in two blocks sends 32 of its 63 remote shares across the core: a 1:7 core
+    gives it 1 / (7 x 32/63) of the NIC rate; in one 384-node block (a Meta-style pod) none of it."""
+    prof, c = load_profile("H100"), load_cluster("h100x8192")
+    share = float(comm.core_share(_fabric(c, 7.0), 64, all_to_all=True))
+    assert np.isclose(share, 1.0 / (7.0 * 32.0 / 63.0))
+    base = float(comm.collective_time_s(prof, c, "all_to_all", 1e8, 512, 8, 64))
+    lat = 2 * prof.latency_s("all_to_all")
+    slow = float(comm.collective_time_s(prof, _fabric(c, 7.0), "all_to_all", 1e8, 512, 8, 64))
+    assert np.isclose(slow - lat, (base - lat) / share)
+    assert float(comm.collective_time_s(prof, _fabric(c, 7.0, 384), "all_to_all", 1e8, 512, 8, 64)) == base
+
+
+def test_topology_graph_groups_nodes_into_full_bisection_blocks():
+    c = _fabric(load_cluster("h100x512"), 4.0, 16)
+    g = topology_graph(c)
+    leaves = {n for n, d in g.nodes(data=True) if d.get("kind") == "leaf"}
+    assert len(leaves) == 4 * 8                          # 64 nodes in blocks of 16, one switch per rail
+    assert g.edges["leaf0.rail0", "spine"]["bandwidth_bytes_per_s"] == 50e9 * 16 / 4.0
+    assert "spine" in group_links(c, tp=8, cp=1, dp=32, pp=1)["dp"]["links"]      # 32 nodes: two blocks

@@ -11,6 +11,7 @@ are checked against the published sizes in ``tests/test_catalog.py``.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,16 @@ def _catalog() -> dict[str, ModelSpec]:
 def catalog() -> dict[str, ModelSpec]:
     """All catalog models by canonical name (a fresh dict; the specs are frozen and cached)."""
     return dict(_catalog())
+
+
+def named_in(text: str) -> list[str]:
+    """Catalog names whose name or an alias that names a family (letters beside the size: 'llama2-70b', 'gpt3',
+    not '70b') occurs in ``text`` (case and punctuation ignored), the longest match first: 'LLAMA2-70B (SFT)' ->
+    ['llama2-70b']."""
+    t = _norm(text)
+    hits = sorted(((len(k), name) for k, name in _alias_table().items()
+                   if len(re.sub(r"[^a-z]", "", k)) >= 3 and k in t), reverse=True)
+    return list(dict.fromkeys(name for _, name in hits))
 
 
 def catalog_names() -> list[str]:

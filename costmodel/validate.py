@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from costmodel.catalog import catalog, catalog_names, get_model
+from costmodel.catalog import catalog, catalog_names, get_model, named_in
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
@@ -131,6 +131,8 @@ class Case:
     """False where a pipelined run's row leaves its interleaving (vp) blank."""
     micro_batch_known: bool = True
     """False where a row leaves its micro-batch blank and the stack has no reason to run 1 (micro_batch_open)."""
+    ep_known: bool = True
+    """False where a MoE row leaves its expert parallelism blank (expert_options)."""
 
 
 # How a numeric column says "not published" (read as blank).
@@ -674,6 +676,8 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
             assumed.append("vpp=1 (not published)")
     if pp == 1:
         vp = 1
+    if model.is_moe and not _int(row.get("ep", "")):
+        assumed.append("ep=1 (not published)")
     ep = _expert_parallel(_int(row.get("ep", "")) or 1, model, tp * cp * dp, assumed)
     etp = _expert_tensor_parallel(row, model, framework, tp, ep, tp * cp * dp, assumed)
     mbs = _int(row.get("micro_batch", ""))
@@ -971,20 +975,47 @@ def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
     blank = [c for c in _ARCH_COLUMNS if _num(row.get(c, "")) is None]
     need = [c for c in ("layers", "hidden", "heads") if c in blank]
     if not need:
-        return row
+        return _fill_named_widths(row, blank, assumed)
     try:
         spec = get_model(re.sub(r"\(.*?\)", "", row.get("model_name") or "").strip())
     except InputError:
         raise ValueError(f"column(s) {', '.join(need)} empty and model_name {row.get('model_name')!r} is no "
                          f"catalog model to take them from; fill them or name one of: "
                          f"{', '.join(catalog_names())}") from None
+    return _filled(row, spec, blank, assumed, "")
+
+
+def _filled(row: dict, spec: ModelSpec, blank: list[str], assumed: list[str], why: str) -> dict:
+    """The row with its ``blank`` architecture columns taken from ``spec``, named in ``assumed``."""
     # The schema's ffn_hidden of a MoE row is the expert width.
     ffn = (spec.moe_ffn_hidden or spec.ffn_hidden) if spec.num_experts else spec.ffn_hidden
-    values = {**{c: getattr(spec, c) for c in _ARCH_COLUMNS[:6]}, "ffn_hidden": ffn,
-              "moe_experts": spec.num_experts, "moe_topk": spec.moe_topk}
+    values = {**{c: getattr(spec, c) for c in _ARCH_COLUMNS[:6]}, "ffn_hidden": ffn, "moe_experts": spec.num_experts, "moe_topk": spec.moe_topk}
     filled = {c: values[c] for c in blank if values[c]}
-    assumed.append(f"{', '.join(f'{c}={v}' for c, v in filled.items())} (not in the row; the catalog's {spec.name})")
+    if filled:
+        assumed.append(f"{', '.join(f'{c}={v}' for c, v in filled.items())} (not in the row; the catalog's "
+                       f"{spec.name}{why})")
     return {**row, **{c: str(v) for c, v in filled.items()}}
+
+
+# Columns a row giving its layers, hidden and heads may still leave blank, which the schema's defaults (MHA,
+# Megatron's 51,200 tokens, 4h or the width params_b implies) would misread for a known model.
+_WIDTH_COLUMNS = ("kv_heads", "vocab", "ffn_hidden")
+
+
+def _fill_named_widths(row: dict, blank: list[str], assumed: list[str]) -> dict:
+    """The row with the _WIDTH_COLUMNS it leaves blank taken from the catalog model its name names
+    ('LLAMA2-70B (SFT)', 'Llama-3.1-405B (proxy, 7 layers)': costmodel.catalog.named_in) where the row's hidden,
+    heads and expert count agree with that model's (a proxy with fewer layers is still its model); unchanged
+    where none does."""
+    want = [c for c in _WIDTH_COLUMNS if c in blank]
+    if not want:
+        return row
+    shape = (_int(row.get("hidden", "")), _int(row.get("heads", "")), _int(row.get("moe_experts", "")) or 0)
+    for name in named_in(row.get("model_name") or ""):
+        spec = catalog()[name]
+        if (spec.hidden, spec.heads, spec.num_experts) == shape:
+            return _filled(row, spec, want, assumed, ", whose hidden and heads the row gives")
+    return row
 
 
 def fill_degrees(row: dict, assumed: list[str]) -> dict:
@@ -1140,7 +1171,8 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
             assumed.remove("micro_batch=1 (Megatron default)")
         cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
                           release_of(row["source_id"], row.get("notes", "")),
-                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known))
+                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known,
+                          ep_known=not model.is_moe or bool(_int(row.get("ep", "")))))
     return cases, errors
 
 
@@ -1157,6 +1189,25 @@ def micro_batch_options(plan: ParallelPlan) -> list[ParallelPlan]:
     batch (global batch // dp), the whole of it the last."""
     per_rank = max(1, plan.global_batch // plan.dp)
     return [plan.model_copy(update={"micro_batch": b}) for b in range(1, per_rank + 1) if per_rank % b == 0]
+
+
+def expert_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> list[ParallelPlan]:
+    """What a MoE run whose row leaves ep blank may have split its experts over: Megatron's default (1) and every
+    ep that divides the experts and, with the row's etp, the tp x cp x dp ranks, where megatron-core accepts the
+    layout as far as the row's own does (rules.violations). :func:`predict_case` takes the fastest that fits: a model whose experts do not fit
+    on every GPU ran with them split."""
+    from costmodel.rules import violations
+
+    ranks = plan.tp * plan.cp * plan.dp
+    base = set(violations(model, plan, num_gpus))    # what the row's layout already breaks (an uneven split) stays
+    out = [plan]
+    for e in range(2, model.num_experts + 1):
+        if model.num_experts % e or ranks % (e * plan.etp):
+            continue
+        q = plan.model_copy(update={"ep": e})
+        if set(violations(model, q, num_gpus)) <= base:
+            out.append(q)
+    return out
 
 
 # Shares of the layers an unknown activation-memory setting may offload (recompute_options).
@@ -1264,6 +1315,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     interleaved = len(layouts) > 1
     if not case.micro_batch_known:
         layouts = [q for p in layouts for q in micro_batch_options(p)]
+    if not case.ep_known:
+        layouts = [q for p in layouts for q in expert_options(p, case.model, case.cluster.num_gpus)]
 
     def with_recompute(ps: list[ParallelPlan]) -> list[ParallelPlan]:
         return [q for p in ps for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
@@ -1326,6 +1379,9 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
                       and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]
         assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
+    if not case.ep_known:
+        assumed[:] = [a for a in assumed if a != "ep=1 (not published)"]
+        assumed.append(f"ep={plans[idx].ep} (not published; the fastest that fits)")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     if plans[idx].moe_a2a_overlap != case.plan.moe_a2a_overlap:
@@ -1456,7 +1512,7 @@ def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | N
 
     out = []
     for c in cases:
-        plan = c.plan if c.recompute_known and c.vpp_known and c.micro_batch_known else \
+        plan = c.plan if c.recompute_known and c.vpp_known and c.micro_batch_known and c.ep_known else \
             predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out

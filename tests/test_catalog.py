@@ -390,3 +390,12 @@ def test_hf_interleaved_moe_is_refused(tmp_path):
     p = _write(tmp_path, data)
     with pytest.raises(InputError, match="moe_layer_freq"):
         from_hf_config(p)
+
+
+def test_named_in_finds_catalog_models_by_a_family_alias_inside_a_longer_name():
+    from costmodel.catalog import named_in
+    assert named_in("LLAMA2-70B (SFT)") == ["llama2-70b"]
+    assert named_in("Llama3.1-405B (proxy, 7 layers)") == ["405b"]
+    assert named_in("Meta-Llama-3-70B-Instruct") == ["70b"]
+    # A bare size names no family: GPT-2 8B is not the catalog's 8b (Llama 3 8B).
+    assert named_in("GPT-2 8B (8.67B)") == [] and named_in("175B") == []

@@ -248,6 +248,49 @@ def test_an_expert_parallelism_no_run_can_have_takes_the_largest_that_divides(tm
     assert _case(tmp_path, ep="8").plan.ep == 1
 
 
+def test_an_unpublished_expert_parallelism_is_the_fastest_that_fits(tmp_path):
+    # DeepSeek-V3 on 256 GB200 with the experts on every GPU (Megatron's default ep=1) holds 671B parameters per
+    # pipeline stage's worth of layers: it cannot fit, so a run that ran split them; the fastest split that fits.
+    dsv3 = dict(model_name="DeepSeek-V3", params_b="671", layers="61", hidden="7168", ffn_hidden="2048", heads="128",
+                kv_heads="", vocab="", seq_len="4096", moe_experts="256", moe_topk="8", gpu_type="GB200",
+                num_gpus="256", gpus_per_node="4", tp="1", pp="4", vp="4", cp="1", ep="", dp="64",
+                global_batch="2048", micro_batch="1", framework="megatron-core")
+    case = _case(tmp_path, **dsv3)
+    assert not case.ep_known and case.plan.ep == 1 and "ep=1 (not published)" in case.assumed
+    out = predict_case(case)
+    assert out["fits"] and out["plan"].ep > 1
+    assert f"ep={out['plan'].ep} (not published; the fastest that fits)" in out["assumed"]
+    assert "ep=1 (not published)" not in out["assumed"]
+    assert predict_case(_case(tmp_path, **{**dsv3, "ep": "1"}))["fits"] is False
+    # A published ep, and a dense model's blank one, are taken as they are.
+    assert _case(tmp_path, **{**dsv3, "ep": "32"}).ep_known
+    assert _case(tmp_path).ep_known
+
+
+def test_a_known_models_blank_widths_come_from_the_catalog_where_its_shape_agrees(tmp_path):
+    # Llama 2 70B is GQA (8 key-value heads) with Llama's 32,000-token vocabulary: a blank read by the schema's
+    # defaults would be MHA with Megatron's 51,200 tokens.
+    llama = dict(model_name="LLAMA2-70B (SFT)", params_b="70", layers="80", hidden="8192", ffn_hidden="",
+                 heads="64", kv_heads="", vocab="", num_gpus="64", tp="4", pp="4", dp="4", global_batch="128")
+    case = _case(tmp_path, **llama)
+    assert (case.model.kv_heads, case.model.vocab, case.model.ffn_hidden) == (8, 32000, 28672)
+    assert ("kv_heads=8, vocab=32000, ffn_hidden=28672 (not in the row; the catalog's llama2-70b, whose hidden and "
+            "heads the row gives)") in case.assumed
+    # A proxy with fewer layers is its model's shape: Llama 3.1 405B cut to 7 layers on 32 H100 (DGX Cloud's
+    # proxy rows) fits with the 405B's widths; read as 4h MLP sized to params_b 405 it did not.
+    proxy = dict(model_name="Llama3.1-405B (proxy, 7 layers)", layers="7", ffn_hidden="", kv_heads="", vocab="",
+                 num_gpus="32", tp="8", pp="1", cp="2", dp="2", global_batch="126", framework="megatron-core")
+    case = _case(tmp_path, **proxy)
+    assert (case.model.layers, case.model.ffn_hidden, case.model.kv_heads, case.model.vocab) == (7, 53248, 8, 128256)
+    assert predict_case(case)["fits"]
+    # A name whose shape disagrees (GPT-2 8B is not Llama 3 8B; '8b' alone names no family) keeps the defaults.
+    gpt2 = dict(model_name="GPT-2 8B (8.67B)", params_b="8.3", layers="72", hidden="3072", ffn_hidden="",
+                heads="24", kv_heads="", vocab="", num_gpus="8", tp="8", pp="1", dp="1", global_batch="512")
+    case = _case(tmp_path, **gpt2)
+    assert case.model.kv_heads is None and not any("catalog" in a for a in case.assumed)
+    assert _case(tmp_path, **{**llama, "hidden": "4096"}).model.kv_heads is None
+
+
 def test_an_unpublished_expert_tensor_parallelism_is_what_the_stack_defaults_to(tmp_path):
     # megatron-core splits the experts over the tensor-parallel group unless told otherwise
     # (expert_tensor_parallel_size None -> tensor_model_parallel_size); Megatron-Bridge's recipes set 1.

@@ -508,7 +508,7 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
             spec["mtp_layers"] = 0
         elif "mtp" not in lname:
             assumed.append(f"mtp_layers={spec['mtp_layers']} (the model's default)")
-    spec["precision"] = precision_of(row.get("precision") or "", assumed)
+    spec["precision"] = precision_of(row.get("precision") or "", assumed, f"{name} {notes}")
     spec["finetune"] = finetune_of(row, assumed)
     spec["optimizer"] = optimizer_of(row, assumed)
     model = ModelSpec.model_validate(spec)
@@ -611,27 +611,38 @@ _VAGUE_PRECISION = ("unknown", "n/a", "na", "-", "mixed", "mixed precision", "mi
                     "default")
 
 
-def precision_of(raw: str, assumed: list[str]) -> str:
+# Training formats as precision columns spell them, the narrowest first (a column naming NVFP4 and MXFP8 names
+# the NVFP4 recipe).
+_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"), (r"fp8|float8|e4m3|e5m2", "fp8"),
+            (r"bf16|bfloat16", "bf16"),
+            (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])", "fp16"))
+
+
+def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     """The training precision a precision column names, however spelled: 'FP8 (delayed scaling)', 'FP8-hybrid',
     'fp8_e4m3', 'fp8-blockwise' -> fp8; 'MXFP8', 'fp8-mx' -> mxfp8; 'bf16 mixed', 'bfloat16' -> bf16; 'AMP fp16',
     'float16', Apex AMP's 'O1' / 'O2' (fp16 mixed precision, as the 2019-2021 Megatron-LM and DeepSpeed papers ran)
     -> fp16; a spelling ModelSpec knows is kept (lower-cased). The GEMMs' format decides (fp8 with bf16
-    master weights is fp8). Blank: bf16, said in ``assumed``. Anything else stays as given, and ModelSpec
-    says what is valid."""
+    master weights is fp8). Blank: the format the ``context`` (the model name and notes) names, the narrowest
+    first (NVFP4, MXFP8, FP8, then BF16, FP16), else bf16; said in ``assumed``. Anything else stays as given,
+    and ModelSpec says what is valid."""
     text = raw.strip()
     key = text.lower()
     if not key:
-        assumed.append("precision=bf16")
-        return "bf16"
+        t = re.sub(r"[\s_]+", "-", context.lower())
+        named = next((name for pattern, name in _FORMATS[:4] if re.search(pattern, t)), None)
+        if named is None and re.search(r"(?<![a-z])fp16|float16", t):
+            named = "fp16"
+        assumed.append(f"precision={named} (the precision column is blank; the notes say so)" if named
+                       else "precision=bf16")
+        return named or "bf16"
     if key in _VAGUE_PRECISION:
         assumed.append(f"precision=bf16 (the row says {text!r})")
         return "bf16"
     if key in PRECISION_ALIASES:
         return key
     t = re.sub(r"[\s_]+", "-", key)
-    for pattern, name in ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"),
-                          (r"fp8|float8|e4m3|e5m2", "fp8"), (r"bf16|bfloat16", "bf16"),
-                          (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])", "fp16")):
+    for pattern, name in _FORMATS:
         if re.search(pattern, t):
             assumed.append(f"precision={name} (from {text!r})")
             return name
@@ -998,22 +1009,23 @@ def _filled(row: dict, spec: ModelSpec, blank: list[str], assumed: list[str], wh
 
 
 # Columns a row giving its layers, hidden and heads may still leave blank, which the schema's defaults (MHA,
-# Megatron's 51,200 tokens, 4h or the width params_b implies) would misread for a known model.
-_WIDTH_COLUMNS = ("kv_heads", "vocab", "ffn_hidden")
+# Megatron's 51,200 tokens, 4h or the width params_b implies, a dense MLP) would misread for a known model.
+_WIDTH_COLUMNS = ("kv_heads", "vocab", "ffn_hidden", "moe_experts", "moe_topk")
 
 
 def _fill_named_widths(row: dict, blank: list[str], assumed: list[str]) -> dict:
     """The row with the _WIDTH_COLUMNS it leaves blank taken from the catalog model its name names
-    ('LLAMA2-70B (SFT)', 'Llama-3.1-405B (proxy, 7 layers)': costmodel.catalog.named_in) where the row's hidden,
-    heads and expert count agree with that model's (a proxy with fewer layers is still its model); unchanged
-    where none does."""
+    ('LLAMA2-70B (SFT)', 'Llama-3.1-405B (proxy, 7 layers)', 'DeepSeek-V3': costmodel.catalog.named_in) where
+    the row's hidden and heads, and its expert count where it gives one, agree with that model's (a proxy with
+    fewer layers is still its model); unchanged where none does."""
     want = [c for c in _WIDTH_COLUMNS if c in blank]
     if not want:
         return row
-    shape = (_int(row.get("hidden", "")), _int(row.get("heads", "")), _int(row.get("moe_experts", "")) or 0)
+    experts = _int(row.get("moe_experts", ""))
     for name in named_in(row.get("model_name") or ""):
         spec = catalog()[name]
-        if (spec.hidden, spec.heads, spec.num_experts) == shape:
+        if (spec.hidden, spec.heads) == (_int(row.get("hidden", "")), _int(row.get("heads", ""))) \
+                and experts in (None, spec.num_experts):
             return _filled(row, spec, want, assumed, ", whose hidden and heads the row gives")
     return row
 

@@ -289,6 +289,13 @@ def test_a_known_models_blank_widths_come_from_the_catalog_where_its_shape_agree
     case = _case(tmp_path, **gpt2)
     assert case.model.kv_heads is None and not any("catalog" in a for a in case.assumed)
     assert _case(tmp_path, **{**llama, "hidden": "4096"}).model.kv_heads is None
+    # A MoE model's blank expert columns: without them DeepSeek-V3 would be read as dense (and its router groups
+    # refused); with them it is the catalog's 256 experts, top-8.
+    dsv3 = dict(model_name="DeepSeek-V3", params_b="671", layers="61", hidden="7168", ffn_hidden="", heads="128",
+                kv_heads="", vocab="", moe_experts="", moe_topk="", num_gpus="256", tp="1", pp="8", ep="32",
+                dp="32", global_batch="2048", framework="megatron-core")
+    m = _case(tmp_path, **dsv3).model
+    assert (m.num_experts, m.moe_topk, m.expert_ffn, m.vocab) == (256, 8, 2048, 129280)
 
 
 def test_an_unpublished_expert_tensor_parallelism_is_what_the_stack_defaults_to(tmp_path):
@@ -496,3 +503,13 @@ def test_a_published_layout_that_cannot_hold_its_activations_as_written_saved_th
     assert got["fits"] and got["plan"].recompute != "none"
     assert got["assumed"][-1].endswith("(the published layout does not fit with recompute=none as the row says)")
     assert not any(a.endswith("(fastest that fits)") for a in got["assumed"])
+
+
+def test_a_blank_precision_is_the_format_the_notes_name(tmp_path):
+    case = _case(tmp_path, precision="", notes="NeMo 24.09, FP8 (delayed scaling) with bf16 master weights")
+    assert case.model.precision == "fp8"
+    assert "precision=fp8 (the precision column is blank; the notes say so)" in case.assumed
+    assert _case(tmp_path, precision="", notes="Megatron-Bridge 26.02, MXFP8 recipe").model.precision == "mxfp8"
+    # Nothing said: Megatron's bf16, as before.
+    case = _case(tmp_path, precision="", notes="")
+    assert case.model.precision == "bf16" and "precision=bf16" in case.assumed

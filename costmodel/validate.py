@@ -133,6 +133,9 @@ class Case:
     """False where a row leaves its micro-batch blank and the stack has no reason to run 1 (micro_batch_open)."""
     ep_known: bool = True
     """False where a MoE row leaves its expert parallelism blank (expert_options)."""
+    open_degrees: tuple[str, ...] = ()
+    """"tp" / "pp" where the row leaves them (and dp) blank: read as 1 (fill_degrees) unless that does not fit
+    (degree_options)."""
 
 
 # How a numeric column says "not published" (read as blank).
@@ -1184,7 +1187,8 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
         cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
                           release_of(row["source_id"], row.get("notes", "")),
                           vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known,
-                          ep_known=not model.is_moe or bool(_int(row.get("ep", "")))))
+                          ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
+                          open_degrees=_open_degrees(assumed)))
     return cases, errors
 
 
@@ -1279,6 +1283,36 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
     return out
 
 
+def _open_degrees(assumed: list[str]) -> tuple[str, ...]:
+    """The degrees fill_degrees read as 1 because the row names neither them nor dp."""
+    note = next((a for a in assumed if a.startswith(("tp=", "pp=")) and a.endswith("(not published)")), "")
+    return tuple(c for c in ("tp", "pp") if f"{c}=1" in note)
+
+
+def degree_options(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
+                   open_degrees: tuple[str, ...]) -> list[ParallelPlan]:
+    """Tensor and pipeline parallelism a run whose row names neither (nor dp) may have had, for the ``open``
+    ones: tp a power of two inside one NVLink domain, pp a divisor of the layers, dp what the GPUs leave, with
+    sequence parallelism on where tp > 1 (megatron-core and later stacks), where megatron-core accepts the layout
+    (rules.violations); the row's own reading (1) excluded."""
+    from costmodel.rules import violations
+
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= cluster.domain_gpus] if "tp" in open_degrees else [plan.tp]
+    pps = [q for q in range(1, model.layers + 1) if model.layers % q == 0] if "pp" in open_degrees else [plan.pp]
+    out = []
+    for t in tps:
+        for q in pps:
+            rest, left = divmod(cluster.num_gpus, t * q * plan.cp)
+            if left or rest < 1 or (t, q) == (plan.tp, plan.pp):
+                continue
+            sp = t > 1 and plan.framework in ("megatron-core", "other")
+            cand = plan.model_copy(update={"tp": t, "pp": q, "dp": rest, "vpp": 1, "layers_per_stage": None,
+                                           "sequence_parallel": sp})
+            if not violations(model, cand, cluster.num_gpus):
+                out.append(cand)
+    return out
+
+
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
     """A published run that cannot fit as described must have sharded more than the row says: try the
     same plan with the optimizer state (ZeRO-1, Megatron's distributed optimizer), then gradients (ZeRO-2) and
@@ -1366,6 +1400,20 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
             if _describe_recompute(got["plan"]) != _describe_recompute(case.plan):
                 got["assumed"].append(f"recompute={_describe_recompute(got['plan'])} (the published layout does not "
                                       f"fit with recompute={_describe_recompute(case.plan)} as the row says)")
+            return got
+    if not fits[idx] and case.open_degrees:
+        # The run ran: a row naming no tensor or pipeline parallelism whose GPUs cannot hold it without them had
+        # some: the fastest layout of the open degrees that fits (each with the fallbacks above and below).
+        tried = [predict_case(replace(case, plan=q, open_degrees=()), profile, offload_fallback)
+                 for q in degree_options(case.plan, case.model, case.cluster, case.open_degrees)]
+        fitting = [g for g in tried if g["fits"]]
+        if fitting:
+            got = min(fitting, key=lambda g: g["predicted_step_time_s"])
+            q = got["plan"]
+            got["assumed"] = [a for a in got["assumed"] if not (a.startswith(("tp=", "pp="))
+                                                                and a.endswith("(not published)"))]
+            got["assumed"].append(f"{', '.join(f'{c}={getattr(q, c)}' for c in case.open_degrees)} (not published; "
+                                  f"1 does not fit: the fastest that fits)")
             return got
     if not fits[idx] and offload_fallback and case.plan.optimizer_offload < 1.0 \
             and prof.host_memory_bandwidth_bytes_per_s is not None \

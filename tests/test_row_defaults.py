@@ -95,6 +95,28 @@ def test_a_blank_parallel_degree_is_filled_from_the_gpu_count_or_taken_as_none(t
     assert not cases and "column 'pp'" in errors[0]["error"]
 
 
+def test_unpublished_degrees_that_cannot_hold_the_run_are_the_fastest_layout_that_fits(tmp_path):
+    """NeMo's long-context tables give no TP / PP for their runs without context parallelism: Llama 2 7B at
+    262,144 tokens on 256 H100 cannot hold one sequence on a GPU (tp 1, pp 1), so the run had some: the fastest
+    layout that fits. Where tp 1, pp 1 fits (the 405B at 8,192 GPUs pp 16 is the row's own), it stays."""
+    row = dict(model_name="LLAMA2-7B long-context (no CP)", params_b="7", layers="32", hidden="4096",
+               ffn_hidden="11008", heads="32", kv_heads="32", vocab="32000", seq_len="262144", num_gpus="256",
+               tp="", pp="", cp="1", dp="", global_batch="16", micro_batch="", framework="megatron-core",
+               precision="fp8", notes="NeMo 24.03.01, TP/PP/DP not published")
+    case = _case(tmp_path, **row)
+    assert case.open_degrees == ("tp", "pp") and (case.plan.tp, case.plan.pp) == (1, 1)
+    out = predict_case(case)
+    assert out["fits"] and out["plan"].tp * out["plan"].pp > 1
+    assert f"tp={out['plan'].tp}, pp={out['plan'].pp} (not published; 1 does not fit: the fastest that fits)" \
+        in out["assumed"]
+    assert "tp=1, pp=1 (not published)" not in out["assumed"]
+    # A row that fits as read keeps it.
+    small = _case(tmp_path, **{**row, "seq_len": "4096", "global_batch": "512"})
+    assert predict_case(small)["plan"].tp == 1 and predict_case(small)["plan"].pp == 1
+    # A row giving its degrees has none open.
+    assert _case(tmp_path).open_degrees == ()
+
+
 @pytest.mark.parametrize("col, bad", [("cp", "INF"), ("pp", "inf"), ("dp", "nan"), ("num_gpus", "1e400"),
                                       ("dp", "2.5"), ("cp", "-1")])
 def test_a_blank_degree_beside_a_number_that_is_not_whole_is_an_error_naming_that_number(tmp_path, col, bad):

@@ -1572,7 +1572,8 @@ def measurements_for(cases: list[Case], profiles: dict[str, HardwareProfile] | N
 
     out = []
     for c in cases:
-        plan = c.plan if c.recompute_known and c.vpp_known and c.micro_batch_known and c.ep_known else \
+        plan = c.plan if c.recompute_known and c.vpp_known and c.micro_batch_known and c.ep_known \
+            and not c.open_degrees else \
             predict_case(c, (profiles or {}).get(c.cluster.gpu))["plan"]
         out.append(Measurement(c.model, c.cluster, plan, c.published_step_time_s))
     return out

@@ -1299,18 +1299,25 @@ def degree_options(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
 
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= cluster.domain_gpus] if "tp" in open_degrees else [plan.tp]
     pps = [q for q in range(1, model.layers + 1) if model.layers % q == 0] if "pp" in open_degrees else [plan.pp]
+    gpus = plan.tp * plan.pp * plan.cp * plan.dp    # the row's GPUs (its cluster rounds them up to whole nodes)
     out = []
     for t in tps:
         for q in pps:
-            rest, left = divmod(cluster.num_gpus, t * q * plan.cp)
+            rest, left = divmod(gpus, t * q * plan.cp)
             if left or rest < 1 or (t, q) == (plan.tp, plan.pp):
                 continue
             sp = t > 1 and plan.framework in ("megatron-core", "other")
             cand = plan.model_copy(update={"tp": t, "pp": q, "dp": rest, "vpp": 1, "layers_per_stage": None,
                                            "sequence_parallel": sp})
-            if not violations(model, cand, cluster.num_gpus):
+            if not violations(model, cand, gpus):
                 out.append(cand)
     return out
+
+
+def with_degrees(case: Case, plan: ParallelPlan) -> Case:
+    """The case with one of its degree_options as its layout, nothing left open; a pipeline the row did not
+    publish has its interleaving unpublished too (interleaving_options)."""
+    return replace(case, plan=plan, open_degrees=(), vpp_known=plan.pp == 1 or case.plan.vpp > 1)
 
 
 def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
@@ -1357,12 +1364,13 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     alone keeps it out; the optimizer state in host memory with the row's recompute (and only where that does
     not fit either, another recompute). ``offload_fallback=False`` leaves the last one out."""
     prof = profile or load_profile(case.cluster.gpu)
-    layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, case.cluster.num_gpus)
+    world = case.plan.tp * case.plan.pp * case.plan.cp * case.plan.dp    # the row's GPUs (a node may hold more)
+    layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, world)
     interleaved = len(layouts) > 1
     if not case.micro_batch_known:
         layouts = [q for p in layouts for q in micro_batch_options(p)]
     if not case.ep_known:
-        layouts = [q for p in layouts for q in expert_options(p, case.model, case.cluster.num_gpus)]
+        layouts = [q for p in layouts for q in expert_options(p, case.model, world)]
 
     def with_recompute(ps: list[ParallelPlan]) -> list[ParallelPlan]:
         return [q for p in ps for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
@@ -1404,7 +1412,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     if not fits[idx] and case.open_degrees:
         # The run ran: a row naming no tensor or pipeline parallelism whose GPUs cannot hold it without them had
         # some: the fastest layout of the open degrees that fits (each with the fallbacks above and below).
-        tried = [predict_case(replace(case, plan=q, open_degrees=()), profile, offload_fallback)
+        tried = [predict_case(with_degrees(case, q), profile, offload_fallback)
                  for q in degree_options(case.plan, case.model, case.cluster, case.open_degrees)]
         fitting = [g for g in tried if g["fits"]]
         if fitting:

@@ -117,6 +117,18 @@ def test_unpublished_degrees_that_cannot_hold_the_run_are_the_fastest_layout_tha
     assert _case(tmp_path).open_degrees == ()
 
 
+def test_a_run_on_part_of_a_node_has_its_unpublished_interleaving_searched(tmp_path):
+    # 4 of a node's 8 H100 (the cluster is the whole node): the interleavings are checked against the row's 4
+    # GPUs, not the node's 8, which refused every one of them.
+    row = dict(model_name="Llama3-8B", params_b="8", layers="32", hidden="4096", ffn_hidden="14336", heads="32",
+               kv_heads="8", vocab="128256", seq_len="8192", num_gpus="4", tp="1", pp="2", vp="", cp="1", dp="2",
+               global_batch="64", micro_batch="1", framework="megatron-core")
+    case = _case(tmp_path, **row)
+    assert case.cluster.num_gpus == 8 and not case.vpp_known
+    out = predict_case(case)
+    assert any(a.startswith("vpp=") and "the fastest interleaving that fits" in a for a in out["assumed"])
+
+
 @pytest.mark.parametrize("col, bad", [("cp", "INF"), ("pp", "inf"), ("dp", "nan"), ("num_gpus", "1e400"),
                                       ("dp", "2.5"), ("cp", "-1")])
 def test_a_blank_degree_beside_a_number_that_is_not_whole_is_an_error_naming_that_number(tmp_path, col, bad):

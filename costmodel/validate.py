@@ -636,7 +636,7 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
         named = next((name for pattern, name in _FORMATS[:4] if re.search(pattern, t)), None)
         if named is None and re.search(r"(?<![a-z])fp16|float16", t):
             named = "fp16"
-        assumed.append(f"precision={named} (the precision column is blank; the notes say so)" if named
+        assumed.append(f"precision={named} (the precision column is blank; the name or notes say so)" if named
                        else "precision=bf16")
         return named or "bf16"
     if key in _VAGUE_PRECISION:
@@ -1003,7 +1003,8 @@ def _filled(row: dict, spec: ModelSpec, blank: list[str], assumed: list[str], wh
     """The row with its ``blank`` architecture columns taken from ``spec``, named in ``assumed``."""
     # The schema's ffn_hidden of a MoE row is the expert width.
     ffn = (spec.moe_ffn_hidden or spec.ffn_hidden) if spec.num_experts else spec.ffn_hidden
-    values = {**{c: getattr(spec, c) for c in _ARCH_COLUMNS[:6]}, "ffn_hidden": ffn, "moe_experts": spec.num_experts, "moe_topk": spec.moe_topk}
+    values = {**{c: getattr(spec, c) for c in _ARCH_COLUMNS[:6]}, "ffn_hidden": ffn,
+              "moe_experts": spec.num_experts, "moe_topk": spec.moe_topk}
     filled = {c: values[c] for c in blank if values[c]}
     if filled:
         assumed.append(f"{', '.join(f'{c}={v}' for c, v in filled.items())} (not in the row; the catalog's "
@@ -1210,8 +1211,8 @@ def micro_batch_options(plan: ParallelPlan) -> list[ParallelPlan]:
 def expert_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> list[ParallelPlan]:
     """What a MoE run whose row leaves ep blank may have split its experts over: Megatron's default (1) and every
     ep that divides the experts and, with the row's etp, the tp x cp x dp ranks, where megatron-core accepts the
-    layout as far as the row's own does (rules.violations). :func:`predict_case` takes the fastest that fits: a model whose experts do not fit
-    on every GPU ran with them split."""
+    layout as far as the row's own does (rules.violations). :func:`predict_case` takes the fastest that fits: a
+    model whose experts do not fit on every GPU ran with them split."""
     from costmodel.rules import violations
 
     ranks = plan.tp * plan.cp * plan.dp

@@ -542,7 +542,7 @@ def test_a_published_layout_that_cannot_hold_its_activations_as_written_saved_th
 def test_a_blank_precision_is_the_format_the_notes_name(tmp_path):
     case = _case(tmp_path, precision="", notes="NeMo 24.09, FP8 (delayed scaling) with bf16 master weights")
     assert case.model.precision == "fp8"
-    assert "precision=fp8 (the precision column is blank; the notes say so)" in case.assumed
+    assert "precision=fp8 (the precision column is blank; the name or notes say so)" in case.assumed
     assert _case(tmp_path, precision="", notes="Megatron-Bridge 26.02, MXFP8 recipe").model.precision == "mxfp8"
     # Nothing said: Megatron's bf16, as before.
     case = _case(tmp_path, precision="", notes="")

@@ -362,13 +362,18 @@ def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
     import csv
 
     rows = {r["model_name"]: r for r in csv.DictReader(DATA.open()) if r["source_id"] == "NEMO_PERF_24.07"}
-    picked = [rows["LLAMA2-7B"], rows["Nemotron-8B"], rows["GPT3-5B"], {**rows["Nemotron-8B"], "vocab": "32000"}]
+    # A Llama 2 shape the catalog does not hold (a 5,120-wide 7B) takes the family's tokenizer by name; the
+    # catalog's own Llama 2 7B takes the catalog's (costmodel/validate.py _fill_named_widths).
+    odd = {**rows["LLAMA2-7B"], "hidden": "5120", "heads": "40", "kv_heads": "40"}
+    picked = [odd, rows["Nemotron-8B"], rows["GPT3-5B"], {**rows["Nemotron-8B"], "vocab": "32000"}, rows["LLAMA2-7B"]]
     assert all(r["vocab"] == "" for r in picked[:3])
     path = write_rows(tmp_path / "named.csv", picked)
-    (llama, nemo, gpt, given), errors = load_cases(path)
+    (llama, nemo, gpt, given, catalogued), errors = load_cases(path)
     assert errors == []
     assert (llama.model.vocab, nemo.model.vocab, gpt.model.vocab, given.model.vocab) == (32000, 256000, 51200, 32000)
     assert "vocab=32000 (Llama 2's tokenizer)" in llama.assumed and "vocab=256000 (Nemotron's tokenizer)" in nemo.assumed
+    assert catalogued.model.vocab == 32000
+    assert "vocab=32000 (not in the row; the catalog's 7b, whose hidden and heads the row gives)" in catalogued.assumed
     m = nemo.model
     assert (m.activation, m.normalization, m.linear_bias, m.hidden_dropout, m.attention_dropout, m.rotary_percent,
             m.tied_embeddings, m.learned_position_embeddings, m.gated_mlp) == (

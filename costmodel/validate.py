@@ -1196,9 +1196,18 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
 def micro_batch_open(plan: ParallelPlan) -> bool:
     """Whether an unpublished micro-batch is left to :func:`predict_case` (the fastest that fits) rather than
     Megatron's 1: where weights are sharded (ZeRO-3, FSDP: every micro-batch gathers the weights again, so the
-    people who ran it would not split the per-rank batch without need) and on stacks other than Megatron without
-    a pipeline (PyTorch FSDP / DDP, DeepSpeed, torchtitan: a per-device batch, split only when it does not fit)."""
-    return plan.zero_stage == 3 or (plan.framework.startswith("other") and plan.pp == 1)
+    people who ran it would not split the per-rank batch without need), on stacks other than Megatron without
+    a pipeline (PyTorch FSDP / DDP, DeepSpeed, torchtitan: a per-device batch, split only when it does not fit),
+    and on megatron-core, whose published runs set it per model and GPU (Megatron-Bridge's recipes: 1 to 8,
+    scripts/performance/configs/*/..._workload_base_configs.py micro_batch_size)."""
+    return (plan.zero_stage == 3 or (plan.framework.startswith("other") and plan.pp == 1)
+            or plan.framework == "megatron-core")
+
+
+def _why_micro_batch_open(plan: ParallelPlan) -> str:
+    if plan.zero_stage == 3:
+        return "weights gathered per micro-batch"
+    return "a tuned recipe" if plan.framework == "megatron-core" else "no pipeline"
 
 
 def micro_batch_options(plan: ParallelPlan) -> list[ParallelPlan]:
@@ -1443,7 +1452,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
     if not case.micro_batch_known:
         assumed.append(f"micro_batch={plans[idx].micro_batch} (not published; the fastest that fits: "
-                       f"{'weights gathered per micro-batch' if case.plan.zero_stage == 3 else 'no pipeline'})")
+                       f"{_why_micro_batch_open(case.plan)})")
     if interleaved:
         assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
                       and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]

@@ -393,7 +393,7 @@ def test_a_point_that_fits_nowhere_names_the_layout_that_fits_with_the_optimizer
     assert point.reason.startswith("no layout fits in memory: the closest needs")
     assert "with the optimizer state in host memory (optimizer_offload 1" in point.reason
     # (no selective: on a dense model's Transformer Engine layers megatron-core's selective frees nothing)
-    assert "tp4 pp1 dp1 cp2 fsdp optim-cpu, none recompute, micro-batch 1 fits at 58.5 s per step" in point.reason
+    assert "tp4 pp1 dp1 cp2 fsdp optim-cpu, none recompute, micro-batch 1 fits at 58.6 s per step" in point.reason
 
 
 def test_whatif_varies_the_share_of_the_optimizer_state_in_host_memory(capsys, tmp_path):
@@ -416,7 +416,7 @@ def test_whatif_varies_the_share_of_the_optimizer_state_in_host_memory(capsys, t
     assert points[0]["reason"].startswith("no layout fits in memory: the closest needs 150 GB")
     best = points[2]["plan"]
     assert (best["tp"], best["cp"], best["dp"], best["zero_stage"], best["optimizer_offload"]) == (4, 2, 1, 3, 1.0)
-    assert points[2]["step_time_s"] == pytest.approx(58.5, abs=0.05)
+    assert points[2]["step_time_s"] == pytest.approx(58.6, abs=0.05)
     cl["gpu"] = "H100-PCIe"
     (tmp_path / "pcie.yaml").write_text(yaml.safe_dump(cl))
     rc, out, _ = run_cli(capsys, [*argv[:6], tmp_path / "pcie.yaml", *argv[7:10], "optimizer_offload=1", "--json"])

@@ -412,10 +412,16 @@ def test_an_unpublished_micro_batch_of_a_sharded_or_unpipelined_other_stack_is_t
     assert "micro_batch=8 (not published; the fastest that fits: weights gathered per micro-batch)" in got["assumed"]
     one = predict_case(_case(tmp_path, **{**opt, "micro_batch": "1"}))
     assert one["plan"].micro_batch == 1 and one["predicted_step_time_s"] > 3 * got["predicted_step_time_s"]
-    # A pipelined Megatron run keeps Megatron's default.
-    megatron = _case(tmp_path, framework="megatron-core", micro_batch="")
+    # A Megatron-LM run of 2021-2022 keeps Megatron's default; a megatron-core one (whose published recipes set
+    # it per model and GPU, 1 to 8) takes the fastest that fits too.
+    megatron = _case(tmp_path, framework="megatron-lm-2021", micro_batch="", zero_stage_or_distopt="none")
     assert megatron.micro_batch_known and megatron.plan.micro_batch == 1
     assert "micro_batch=1 (Megatron default)" in megatron.assumed
+    core = _case(tmp_path, framework="megatron-core", micro_batch="")
+    assert not core.micro_batch_known
+    got = predict_case(core)
+    assert got["fits"] and f"micro_batch={got['plan'].micro_batch} (not published; the fastest that fits: a tuned " \
+        "recipe)" in got["assumed"]
 
 
 @pytest.mark.parametrize("text, zero", [

@@ -435,7 +435,7 @@ def diagnose(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
     est = est if est is not None else predict(model, cluster, plan, load, profile=prof, moe_imbalance=moe_imbalance)
     d = _Diagnosis(model, cluster, plan, est, prof, neighbours(model, cluster, plan), routing, placement, load,
                    moe_imbalance)
-    found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + _uneven_chunks(plan)
+    found = (_recompute_gap(model, cluster, plan, est, prof, load, moe_imbalance) + _uneven_chunks(plan, est)
              + d.memory() + d.pipeline()
              + d.communication() + d.compute() + d.optimizer() + d.experts())
     for note in schedule_notes(plan):
@@ -465,20 +465,28 @@ def _recompute_gap(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, e
                     predicted={"peak_memory_bytes": [priced, holds]})]
 
 
-def _uneven_chunks(plan: ParallelPlan) -> list[Finding]:
+def _uneven_chunks(plan: ParallelPlan, est: StepEstimate) -> list[Finding]:
     """An interleaved plan whose heaviest stages split into unequal chunks (an explicit split; the planner offers
     none): the estimate prices each stage's total, the schedule runs at the pace of its larger chunks. The slowdown
-    is the op-by-op schedule over the closed form for chunk times proportional to their layers (backward twice the
-    forward, the edge stages' embedding and output layer left out)."""
+    is the op-by-op schedule over the closed form for chunk times from the estimate's stages: a layer's time where
+    the stages hold layers only (the middle ranks' median per layer), the rest of an edge stage's time (embedding
+    on the first chunk, output layer and loss on the last) on its edge chunk; backward twice the forward."""
     if plan.pp <= 1 or plan.layers_per_stage is None or not unequal_chunks(plan.layers_per_stage, plan.vpp):
         return []
     lps = [int(n) for n in plan.layers_per_stage]
     heaviest = max(lps)
     chunks = np.array(chunk_layers(lps, plan.vpp), dtype=float)
     m = plan.num_microbatches
-    stage = 3.0 * chunks.sum(axis=1)[None, :]
+    stage_s = np.asarray(est.stage_time_s, dtype=float)
+    per = stage_s / np.maximum(np.asarray(lps, dtype=float), 1.0)
+    per_layer = float(np.median(per[1:-1])) if plan.pp > 2 else float(per.min())
+    extra = np.maximum(stage_s - per_layer * np.asarray(lps, dtype=float), 0.0)
+    fwd = chunks * per_layer / 3.0
+    fwd[0, 0] += extra[0] / 3.0
+    fwd[-1, -1] += extra[-1] / 3.0
+    stage = 3.0 * fwd.sum(axis=1)[None, :]
     closed = float(pipeline_time_s(stage, np.ones_like(stage), m, plan.vpp)[0][0])
-    slow = interleaved_schedule_s(chunks, 2.0 * chunks, m) / closed - 1.0
+    slow = interleaved_schedule_s(fwd, 2.0 * fwd, m) / closed - 1.0
     even = [v for v in divisors(heaviest) if 1 < v <= min(lps)] or [1]
     pattern = "/".join(str(int(x)) for x in chunks[lps.index(heaviest)])
     return [Finding(kind="uneven_chunks", severity="warn",

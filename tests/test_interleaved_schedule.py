@@ -86,3 +86,9 @@ def test_plan_check_warns_of_unequal_chunks_and_names_the_even_ones():
     assert "(1/1/1/1/1/1/2)" in line and "vpp 2, 4 splits them evenly" in line
     even = plan.model_copy(update={"vpp": 4})
     assert not [f for f in diagnose(model, cluster, even) if f.kind == "uneven_chunks"]
+    # The chunk times come from the estimate's stages, the edge stages' embedding and output layer on their edge
+    # chunks: with the last rank's 8 layers (1/1/1/1/1/1/2 and the output layer) that rank is the heaviest stage,
+    # which the estimate prices; counted in layers alone the schedule looked 11% slower than priced.
+    heavy_end = plan.model_copy(update={"layers_per_stage": (7,) + (8,) * 13 + (7, 8)})
+    found = [f for f in diagnose(model, cluster, heavy_end) if f.kind == "uneven_chunks"]
+    assert len(found) == 1 and 1.02 < found[0].predicted["schedule_over_priced"][1] < 1.08

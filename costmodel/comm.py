@@ -107,14 +107,14 @@ def _inter_bw_per_gpu(cluster: ClusterSpec, n_domains, nbytes, all_to_all: bool 
     nbytes = np.asarray(nbytes, dtype=float)
     size_eff = np.maximum(nbytes, 1.0) / (np.maximum(nbytes, 1.0) + 2e6)
     bw = nic * size_eff * np.ones_like(np.asarray(n_domains, dtype=float))
-    nodes_spanned = np.asarray(n_domains, dtype=float) * max(cluster.domain_gpus // cluster.gpus_per_node, 1)
-    if cluster.topology != "torus":
-        bw = bw * core_share(cluster, n_domains, all_to_all)
     if cluster.topology == "torus":
         # A ring maps onto a torus dimension at full rate; all-to-all crosses the bisection,
         # which for a 3-D torus of N nodes shrinks as N^(1/3) relative to a fat tree.
         if all_to_all:
+            nodes_spanned = np.asarray(n_domains, dtype=float) * max(cluster.domain_gpus // cluster.gpus_per_node, 1)
             bw = bw / np.maximum(1.0, np.cbrt(nodes_spanned) / 2.0)
+    else:
+        bw = bw * core_share(cluster, n_domains, all_to_all)
     if all_to_all:
         bw = bw * A2A_INTER_EFFICIENCY
     return bw

@@ -1152,6 +1152,7 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
         try:
             # Numbers as tables print them, before and after the catalog fills a blank seq_len (a batch in tokens).
             row = normalise_numbers(fill_from_catalog(normalise_numbers(row, assumed), assumed), assumed)
+            open_degrees = _open_degrees(row)
             row = fill_degrees(row, assumed)
             try:
                 published = _check_numbers(row)
@@ -1189,7 +1190,7 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                           release_of(row["source_id"], row.get("notes", "")),
                           vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known,
                           ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
-                          open_degrees=_open_degrees(assumed)))
+                          open_degrees=open_degrees))
     return cases, errors
 
 
@@ -1293,10 +1294,12 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
     return out
 
 
-def _open_degrees(assumed: list[str]) -> tuple[str, ...]:
-    """The degrees fill_degrees read as 1 because the row names neither them nor dp."""
-    note = next((a for a in assumed if a.startswith(("tp=", "pp=")) and a.endswith("(not published)")), "")
-    return tuple(c for c in ("tp", "pp") if f"{c}=1" in note)
+def _open_degrees(row: dict) -> tuple[str, ...]:
+    """The degrees fill_degrees will read as 1 (not published): tp and pp where the row leaves them blank and dp
+    too (with dp given, the GPU count fills them)."""
+    if _num(row.get("dp", "")) is not None:
+        return ()
+    return tuple(c for c in ("tp", "pp") if _num(row.get(c, "")) is None)
 
 
 def degree_options(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,

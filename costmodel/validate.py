@@ -21,6 +21,7 @@ from costmodel.catalog import catalog, catalog_names, get_model, named_in
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
+from costmodel.memory import HOST_USABLE_FRACTION
 from costmodel.profiles import HardwareProfile, InputError, gpu_nvlink_domain, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
@@ -1357,15 +1358,18 @@ def _describe_recompute(plan: ParallelPlan) -> str:
     return plan.recompute
 
 
-def _fastest_fitting(fits: np.ndarray, step_s: np.ndarray, n_base: int) -> int:
+def _fastest_fitting(fits: np.ndarray, step_s: np.ndarray, n_base: int, peaks: np.ndarray) -> int:
     """The option a published run most likely used: the fastest of the layout as published that fits; failing
-    that, the fastest sharding fallback that fits; failing that, the last option as published (it does not
-    fit)."""
+    that, the fastest sharding fallback that fits; failing that, the option as published that needs the least
+    memory (it does not fit either, but the run ran, so it is the one nearest to how: an open micro-batch at its
+    smallest, an open recompute at its fullest), the last one where none can be priced."""
+    step_s = np.asarray(step_s, dtype=float)
     for lo, hi in ((0, n_base), (n_base, len(fits))):
         ok = np.flatnonzero(fits[lo:hi])
         if ok.size:
-            return lo + int(ok[np.argmin(np.asarray(step_s)[lo:hi][ok])])
-    return n_base - 1
+            return lo + int(ok[np.argmin(step_s[lo:hi][ok])])
+    need = np.where(np.isfinite(step_s[:n_base]), np.asarray(peaks, dtype=float)[:n_base], np.inf)
+    return int(np.argmin(need)) if np.isfinite(need).any() else n_base - 1
 
 
 def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fallback: bool = True) -> dict:
@@ -1398,7 +1402,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     peaks = np.nan_to_num(np.asarray(out["peak_memory_bytes"], dtype=float).reshape(len(plans), -1),
                           nan=-np.inf).max(axis=1)
     fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value) & out["host_fits"]
-    idx = _fastest_fitting(fits, out["step_time_s"], len(base))
+    idx = _fastest_fitting(fits, out["step_time_s"], len(base), peaks)
     if not fits[idx] and case.plan.framework == "other-2022":
         # The run ran: a layout that cannot hold the unfused attention's scores (or, where the row leaves it
         # open, activations without sequence parallelism) had a memory-efficient kernel (and sequence parallelism).
@@ -1451,18 +1455,19 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     if fits[idx] and not out["fits"][idx]:
         assumed.append(f"peak memory {peaks[idx] / 1e9:.1f} GB is above the planner's usable "
                        f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
+    chosen = "fastest that fits" if fits[idx] else "least memory: none fits"
     if not case.recompute_known:
-        assumed.append(f"recompute={_describe_recompute(plans[idx])} (fastest that fits)")
+        assumed.append(f"recompute={_describe_recompute(plans[idx])} ({chosen})")
     if not case.micro_batch_known:
-        assumed.append(f"micro_batch={plans[idx].micro_batch} (not published; the fastest that fits: "
+        assumed.append(f"micro_batch={plans[idx].micro_batch} (not published; the {chosen}: "
                        f"{_why_micro_batch_open(case.plan)})")
     if interleaved:
         assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
                       and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]
-        assumed.append(f"vpp={plans[idx].vpp} (not published; the fastest interleaving that fits)")
+        assumed.append(f"vpp={plans[idx].vpp} (not published; the {chosen.replace('fastest', 'fastest interleaving')})")
     if not case.ep_known:
         assumed[:] = [a for a in assumed if a != "ep=1 (not published)"]
-        assumed.append(f"ep={plans[idx].ep} (not published; the fastest that fits)")
+        assumed.append(f"ep={plans[idx].ep} (not published; the {chosen})")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
     if plans[idx].moe_a2a_overlap != case.plan.moe_a2a_overlap:
@@ -1471,6 +1476,12 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
                        f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")
+    if not fits[idx] and peaks[idx] <= prof.memory_bytes.value and not out["host_fits"][idx]:
+        p = plans[idx]
+        share = case.cluster.gpus_per_node / min(p.tp * p.pp * p.cp * p.dp, case.cluster.gpus_per_node)
+        assumed.append(f"host memory: {out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
+                       f"{prof.host_memory_bytes.value * HOST_USABLE_FRACTION * share / 1e9:.0f} GB its share of a "
+                       f"{case.cluster.gpus_per_node}-GPU node's host memory holds (the GPU's memory holds the rest)")
     peak = out["peak_memory_bytes"][idx]
     return {
         "predicted_step_time_s": float(out["step_time_s"][idx]),

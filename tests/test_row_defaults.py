@@ -424,6 +424,34 @@ def test_an_unpublished_micro_batch_of_a_sharded_or_unpipelined_other_stack_is_t
         "recipe)" in got["assumed"]
 
 
+def test_a_row_that_fits_no_way_is_priced_as_the_option_nearest_to_fitting(tmp_path):
+    """A published run ran, so where no option the row leaves open fits, the one needing the least memory is the
+    nearest to how it ran (before: the last, here the largest micro-batch); the row says none fits. A 500B model
+    without tensor parallelism under ZeRO-3 on 512 V100: one layer's gathered weights (8 GB in fp16) do not fit
+    beside the rest at any micro-batch (ZeRO-Infinity's memory-centric tiling, which splits that layer, is not
+    modelled)."""
+    row = dict(ROW, model_name="GPT 500B", params_b="500", layers="125", hidden="18432", ffn_hidden="", heads="144",
+               kv_heads="", vocab="50257", seq_len="1024", gpu_type="V100-32GB", num_gpus="512", gpus_per_node="16",
+               tp="1", pp="1", cp="", dp="512", global_batch="2048", micro_batch="", zero_stage_or_distopt="ZeRO-3",
+               framework="deepspeed", notes="")
+    got = predict_case(_case(tmp_path, **row))
+    assert not got["fits"] and got["plan"].micro_batch == 1 and got["plan"].recompute == "full"
+    assert "micro_batch=1 (not published; the least memory: none fits: weights gathered per micro-batch)" \
+        in got["assumed"]
+    assert "recompute=full (least memory: none fits)" in got["assumed"]
+    assert 34.4e9 < got["predicted_peak_memory_bytes"] < 80e9
+    # Where the GPU holds it and the host does not (a 10B model's CPU Adam state, 16 bytes a parameter, on a node
+    # of one V100 with the profile's 96 GiB of host memory a GPU), the row says so.
+    small = dict(row, model_name="GPT-2 10B", params_b="10", layers="50", hidden="4096", heads="32", num_gpus="1",
+                 gpus_per_node="1", dp="1", global_batch="10", micro_batch="10", zero_stage_or_distopt="ZeRO-Offload")
+    got = predict_case(_case(tmp_path, **small))
+    assert not got["fits"] and got["predicted_peak_memory_bytes"] < 34.4e9
+    assert any(a.startswith("host memory: 164 GB offloaded per GPU, above the 82 GB its share of a 1-GPU node's")
+               for a in got["assumed"])
+    # On a 16-GPU node (a DGX-2, as the ZeRO-Offload paper's single-GPU runs) the host holds it.
+    assert predict_case(_case(tmp_path, **dict(small, gpus_per_node="16")))["fits"]
+
+
 @pytest.mark.parametrize("text, zero", [
     ("ZeRO", 1), ("DeepSpeed ZeRO", 1), ("ZeRO (stage 1)", 1), ("zero_optimization stage 1", 1), ("ZeRO stage-2", 2),
     ("ZeRO-Offload", 2), ("ZeRO++", 3), ("ZeRO-Infinity", 3), ("FSDP SHARD_GRAD_OP", 2), ("FSDP NO_SHARD", 0),

@@ -813,6 +813,7 @@ def stage_memory(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) ->
     mem.host = np.where(st.valid, offloaded * (eb / 2.0) + host_optim, 0.0)
     host = c.prof.host_memory_bytes
     host_cap = host.value * memory.HOST_USABLE_FRACTION * col(c.host_share) if host is not None else np.inf
+    mem.host_capacity = np.broadcast_to(host_cap, mem.host.shape)[:, 0]
     mem.host_fits = (mem.host <= host_cap).all(axis=1)
     mem.fits = (mem.peak <= mem.capacity).all(axis=1) & mem.host_fits
     return mem
@@ -894,6 +895,7 @@ def _outputs(c, lt, st, t, mem, step, t_strag, lower, upper) -> dict[str, np.nda
         "activations_bytes": mem.activations[rows, 0],
         "buffers_bytes": mem.buffers[rows, 0],
         "host_offload_bytes": mem.host[rows, 0],
+        "host_capacity_bytes": mem.host_capacity,
         "memory_capacity_bytes": np.full(n, mem.capacity),
         "fits": mem.fits,
         "host_fits": mem.host_fits,

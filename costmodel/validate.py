@@ -21,7 +21,6 @@ from costmodel.catalog import catalog, catalog_names, get_model, named_in
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
-from costmodel.memory import HOST_USABLE_FRACTION
 from costmodel.profiles import HardwareProfile, InputError, gpu_nvlink_domain, load_profile, read_text
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
@@ -1372,6 +1371,10 @@ def _fastest_fitting(fits: np.ndarray, step_s: np.ndarray, n_base: int, peaks: n
     return int(np.argmin(need)) if np.isfinite(need).any() else n_base - 1
 
 
+# How a prediction that does not fit because of its host memory says so (plan validate's not-fit line reads it).
+HOST_SHORT = "host memory: "
+
+
 def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fallback: bool = True) -> dict:
     """Predict one case; an unknown recompute setting (recompute_options) takes the fastest that fits: a
     published run was tuned by the people who ran it.
@@ -1477,10 +1480,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
                        f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")
     if not fits[idx] and peaks[idx] <= prof.memory_bytes.value and not out["host_fits"][idx]:
-        p = plans[idx]
-        share = case.cluster.gpus_per_node / min(p.tp * p.pp * p.cp * p.dp, case.cluster.gpus_per_node)
-        assumed.append(f"host memory: {out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
-                       f"{prof.host_memory_bytes.value * HOST_USABLE_FRACTION * share / 1e9:.0f} GB its share of a "
+        assumed.append(f"{HOST_SHORT}{out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
+                       f"{out['host_capacity_bytes'][idx] / 1e9:.0f} GB its share of a "
                        f"{case.cluster.gpus_per_node}-GPU node's host memory holds (the GPU's memory holds the rest)")
     peak = out["peak_memory_bytes"][idx]
     return {

@@ -638,8 +638,10 @@ def _no_fit_line(no_fit: list[dict], predicted: int) -> str:
     the memory model), the first few named with their predicted peak."""
     if not no_fit:
         return f"predicted to fit: all {predicted} predicted rows"
+    from costmodel.validate import HOST_SHORT
+
     def short(r: dict) -> str:
-        host = next((a for a in r.get("assumed") or [] if a.startswith("host memory: ")), None)
+        host = next((a for a in r.get("assumed") or [] if a.startswith(HOST_SHORT)), None)
         return host.split(",")[0] if host else f"{(r.get('predicted_peak_memory_bytes') or 0) / 1e9:.0f} GB per GPU"
 
     named = "; ".join(f"row {r['row']} {r['model_name']} on {r['num_gpus']} {r['gpu_type']}: {short(r)}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -1171,27 +1172,44 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                               else a for a in assumed]
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
-        except ValidationError as exc:
-            e = exc.errors()[0]
-            loc = ".".join(str(x) for x in e["loc"]) or "(row)"
-            msg = f"{p}: row {i}: {exc.title} field '{loc}': {e['msg']} (got {e.get('input')!r})"
+            mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
+            if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
+                assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]
+            cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
+                              release_of(row["source_id"], row.get("notes", "")),
+                              vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))),
+                              micro_batch_known=mbs_known, ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
+                              open_degrees=open_degrees))
+        except Exception as exc:   # noqa: BLE001 - one row's fault must not lose the file's other rows
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
-                           "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
-            continue
-        except (InputError, ValueError, TypeError, KeyError) as exc:
-            msg = f"{p}: row {i}: {str(exc).splitlines()[0]}"
-            errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
-                           "published_step_time_s": _num(row.get("step_time_s", "")), "error": msg})
-            continue
-        mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
-        if not mbs_known:
-            assumed.remove("micro_batch=1 (Megatron default)")
-        cases.append(Case(i, row["source_id"], profile.name, model, cluster, plan, published, known, assumed,
-                          release_of(row["source_id"], row.get("notes", "")),
-                          vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))), micro_batch_known=mbs_known,
-                          ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
-                          open_degrees=open_degrees))
+                           "published_step_time_s": _num(row.get("step_time_s", "")),
+                           "error": f"{p}: row {i}: {_row_error(exc)}"})
     return cases, errors
+
+
+# What every row error :func:`unexpected` writes says (tests look for it: no input may cause one).
+UNEXPECTED = "a fault of the cost model"
+
+
+def _row_error(exc: Exception) -> str:
+    """One line saying why a row could not be read: the field and value for a schema error, the message of an
+    input check, or :func:`unexpected`."""
+    if isinstance(exc, ValidationError):
+        e = exc.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"]) or "(row)"
+        return f"{exc.title} field '{loc}': {e['msg']} (got {e.get('input')!r})"
+    if isinstance(exc, (InputError, ValueError, TypeError, KeyError)):
+        return str(exc).splitlines()[0]
+    return unexpected(exc)
+
+
+def unexpected(exc: Exception) -> str:
+    """One line for an error no input check foresaw (a fault of the model, not of the row): the row is reported
+    with it and the file's other rows are still predicted."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    return (f"unexpected {type(exc).__name__}{at}: {str(exc).splitlines()[0] if str(exc) else '(no message)'} "
+            f"({UNEXPECTED}, not of the row: please report it with the row)")
 
 
 def micro_batch_open(plan: ParallelPlan) -> bool:
@@ -1532,10 +1550,11 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
         published = c.published_step_time_s if math.isfinite(c.published_step_time_s) else None
         try:
             pred = predict_case(c, prof)
-        except (ValueError, FloatingPointError) as exc:
+        except Exception as exc:   # noqa: BLE001 - one row's fault must not lose the file's other rows
+            why = str(exc) if isinstance(exc, (ValueError, FloatingPointError)) else unexpected(exc)
             rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                          "predicted_step_time_s": None, "published_step_time_s": published,
-                         "predicted_peak_memory_bytes": None, "fits": None, "error": str(exc), "ape": None})
+                         "predicted_peak_memory_bytes": None, "fits": None, "error": why, "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
         pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"], prof))

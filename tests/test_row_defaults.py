@@ -581,3 +581,39 @@ def test_a_blank_precision_is_the_format_the_notes_name(tmp_path):
     # Nothing said: Megatron's bf16, as before.
     case = _case(tmp_path, precision="", notes="")
     assert case.model.precision == "bf16" and "precision=bf16" in case.assumed
+
+
+def test_a_megatron_lm_2020_row_with_sharded_weights_and_no_micro_batch_leaves_it_open(tmp_path):
+    # Megatron-LM 2020 fills a blank micro-batch with the whole per-rank batch; with ZeRO-3 the micro-batch is
+    # left to predict_case instead, and the filled-in default is dropped whatever it said (it used to raise).
+    case = _case(tmp_path, framework="megatron-lm-2020", model_name="GPT 8.3B", params_b="8.3", layers="72",
+                 hidden="3072", ffn_hidden="12288", heads="32", kv_heads="32", vocab="51200", seq_len="1024",
+                 gpu_type="V100-32GB", num_gpus="512", gpus_per_node="16", tp="8", pp="1", dp="64",
+                 global_batch="512", micro_batch="", zero_stage_or_distopt="ZeRO-3", precision="fp16")
+    assert case.plan.zero_stage == 3 and not case.micro_batch_known
+    assert not [a for a in case.assumed if a.startswith("micro_batch=")]
+    out = predict_case(case)
+    assert out["fits"] and 64 * out["plan"].micro_batch <= 512
+    assert any(a.startswith("micro_batch=") and "not published" in a for a in out["assumed"])
+
+
+def test_a_row_the_model_fails_on_is_reported_and_the_others_still_predicted(tmp_path, monkeypatch):
+    import costmodel.validate as v
+
+    real = v.row_plan
+
+    def fails_on_405b(row, model, framework, assumed):
+        if model.layers == 126:
+            raise RuntimeError("boom")
+        return real(row, model, framework, assumed)
+
+    monkeypatch.setattr(v, "row_plan", fails_on_405b)
+    small = {**ROW, "model_name": "Llama 3 8B", "params_b": "8", "layers": "32", "hidden": "4096",
+             "ffn_hidden": "14336", "heads": "32", "vocab": "128256", "num_gpus": "64", "tp": "1", "pp": "1",
+             "dp": "64", "global_batch": "128"}
+    out = v.validate(write_rows(tmp_path / "runs.csv", [ROW, small]))
+    bad, good = out["rows"]
+    assert bad["predicted_step_time_s"] is None
+    assert bad["error"].startswith(f"{tmp_path / 'runs.csv'}: row 0: unexpected RuntimeError at ")
+    assert "boom" in bad["error"] and v.UNEXPECTED in bad["error"] and "\n" not in bad["error"]
+    assert good["error"] is None and good["predicted_step_time_s"] > 0

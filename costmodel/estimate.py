@@ -38,20 +38,31 @@ from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
 # "te_ce": the cross-entropy runs as Transformer Engine's fused kernel, in place on the logits
 # (costmodel/memory.py LOGITS_BYTES_TE_FUSED; megatron-core and the flags planner/outputs.py writes).
 FRAMEWORK = {
-    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5, "te_ce": True},
-    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
-    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
-    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5, "te_ce": False},
+    "megatron-core": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 0.5, "te_ce": True,
+                      "pp_grad_overlap": True},
+    "megatron-lm-2021": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False,
+                         "pp_grad_overlap": False},
+    "megatron-lm-2020": {"tp_exposed": 1.0, "dp_overlap": False, "flash": False, "p2p_exposed": 1.0, "te_ce": False,
+                         "pp_grad_overlap": False},
+    "paxml": {"tp_exposed": 0.5, "dp_overlap": True, "flash": False, "p2p_exposed": 0.5, "te_ce": False,
+              "pp_grad_overlap": True},
     # A stack other than Megatron or Paxml (DeepSpeed, PyTorch FSDP, torchtitan, MaxText, ...): flash attention
     # and overlapped data-parallel reduction are taken as given, but not Transformer Engine's userbuffer
     # overlap of tensor-parallel collectives with the GEMMs or Megatron's interleaved p2p overlap, which are
     # Megatron features (Megatron-LM --tp-comm-overlap, --overlap-p2p-communication), nor its fused
-    # cross-entropy.
-    "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False},
+    # cross-entropy. With a pipeline ("pp_grad_overlap" False) their gradient reduction starts after the
+    # schedule's last backward, where megatron-core's runs under it: DeepSpeed's PipelineEngine
+    # (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads and OptimizerStep appended
+    # at the last step, Megatron-DeepSpeed and GPT-NeoX's pipelines) and PyTorch's pipelining that torchtitan
+    # runs (torch/distributed/pipelining/stage.py perform_reduce_grad: "REDUCE_GRAD action is scheduled after
+    # all microbatches W, B actions", FSDP's post-backward called by hand).
+    "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False,
+              "pp_grad_overlap": False},
     # The same stacks up to 2022: attention unfused (softmax, mask and dropout through HBM on the s x s scores), as
     # Megatron-LM's own 2020-2022 generations run it. FlashAttention appeared in May 2022 (Dao et al.,
     # arXiv:2205.14135) and reached them later (PyTorch 2.0's scaled_dot_product_attention, March 2023).
-    "other-2022": {"tp_exposed": 1.0, "dp_overlap": True, "flash": False, "p2p_exposed": 1.0, "te_ce": False},
+    "other-2022": {"tp_exposed": 1.0, "dp_overlap": True, "flash": False, "p2p_exposed": 1.0, "te_ce": False,
+                   "pp_grad_overlap": False},
 }
 # Fixed cost per optimizer step outside the layers (data loader, loss reduction, logging, launch gaps).
 STEP_OVERHEAD_S = 0.02
@@ -680,8 +691,10 @@ def dp_tail(c: SimpleNamespace, st: SimpleNamespace, p: SimpleNamespace) -> Simp
         # Muon's layer-wise distributed optimizer gathers the updated weights inside its step
         # (layer_wise_optimizer.py step -> allgather_params), before the next forward: nothing hides it.
         param_exposed = t.param_sync if is_muon else np.maximum(t.param_sync - first_f, 0.0) + 0.125 * t.param_sync
-        dp_exposed = (np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync / np.where(zero2, col(m), 1.0)
-                      + param_exposed) * cal.comm_exposed
+        grad_exposed = np.maximum(t.grad_sync - last_b, 0.0) + 0.125 * t.grad_sync / np.where(zero2, col(m), 1.0)
+        if not fw["pp_grad_overlap"]:
+            grad_exposed = np.where(col(c.pp) > 1, t.grad_sync, grad_exposed)
+        dp_exposed = (grad_exposed + param_exposed) * cal.comm_exposed
         fsdp_exposed = (np.maximum(t.fsdp_comm - col(m) * (stage_f + stage_b), 0.0)
                         + FSDP_EXPOSED_FRACTION * t.fsdp_comm)
     else:

@@ -379,3 +379,27 @@ def test_the_executor_and_calibration_reports_label_a_plan_as_the_planner_tables
     assert plan_label(moe) == "tp2 pp2 vpp3 dp8 ep8 etp2 fsdp optim-cpu50% mb2 full"
     assert layout(moe.model_dump()) == layout_label(moe.model_dump()) == "tp2 pp2 vpp3 dp8 ep8 etp2 fsdp optim-cpu50%"
     assert layout_label({**cp.model_dump(), "zero_stage": 2}) == "tp1 pp1 dp4 cp2 zero2"
+
+
+def test_a_pipeline_outside_megatron_reduces_gradients_after_its_schedule(monkeypatch):
+    """DeepSpeed's PipelineEngine and PyTorch's pipelining (torchtitan) start the data-parallel gradient
+    reduction after the last backward (estimate.py FRAMEWORK pp_grad_overlap); megatron-core runs it under that
+    backward. With a pipeline the other stacks' exposed data-parallel time is then more than twice what the
+    overlap would leave (and than megatron-core's); without one the switch changes nothing."""
+    from costmodel.estimate import FRAMEWORK
+    from costmodel.plan import ParallelPlan
+
+    m, cl = get_model("70b"), load_cluster("h100x512")
+
+    def dp_s(fw, pp):
+        plan = ParallelPlan(tp=8, pp=pp, dp=512 // (8 * pp), global_batch=512, micro_batch=1, framework=fw,
+                            distributed_optimizer=True, zero_stage=1, sequence_parallel=True)
+        return estimate(m, cl, plan).breakdown_s["dp_comm_exposed"]
+
+    after = {pp: dp_s("other", pp) for pp in (1, 4)}
+    core = dp_s("megatron-core", 4)
+    monkeypatch.setitem(FRAMEWORK, "other", {**FRAMEWORK["other"], "pp_grad_overlap": True})
+    under = {pp: dp_s("other", pp) for pp in (1, 4)}
+    assert after[1] == under[1]
+    assert after[4] > 2.0 * under[4]
+    assert after[4] > 2.0 * core

@@ -653,12 +653,18 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     return text
 
 
+def server_gpus(profile: HardwareProfile) -> int:
+    """GPUs of the server a row's GPU type comes in where the row does not say: its NVLink domain up to 8 (HGX /
+    DGX boards), the 4-GPU tray of an NVL rack."""
+    if profile.nvlink_domain_gpus > 16:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain (not DGX-2's 16)
+        return 4
+    return min(profile.nvlink_domain_gpus, 8)
+
+
 def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     num_gpus = _int(row["num_gpus"])
     given = _int(row.get("gpus_per_node", ""))
-    gpn = given or min(profile.nvlink_domain_gpus, 8)
-    if profile.nvlink_domain_gpus > 16:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain (not DGX-2's 16)
-        gpn = 4
+    gpn = server_gpus(profile) if profile.nvlink_domain_gpus > 16 or not given else given
     # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own NVLink
     # domain: the next node is reached over the network.
     domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
@@ -1424,6 +1430,17 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
                           nan=-np.inf).max(axis=1)
     fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value) & out["host_fits"]
     idx = _fastest_fitting(fits, out["step_time_s"], len(base), peaks)
+    host_short = not fits[idx] and peaks[idx] <= prof.memory_bytes.value and not out["host_fits"][idx]
+    server = server_gpus(prof)
+    if host_short and case.cluster.nodes == 1 and case.cluster.gpus_per_node < server:
+        # The run ran: GPUs whose offloaded state a node of their own number cannot hold sat in a server of the
+        # usual size (the row's gpus_per_node counts the GPUs it used), whose idle GPUs' host shares they had.
+        bigger = replace(case, cluster=case.cluster.model_copy(update={"gpus_per_node": server}))
+        got = predict_case(bigger, profile, offload_fallback)
+        if got["fits"]:
+            got["assumed"].append(f"gpus_per_node={server} (the host memory of a {case.cluster.gpus_per_node}-GPU "
+                                  f"node does not hold the offloaded state: the run's GPUs in a {server}-GPU server)")
+            return got
     if not fits[idx] and case.plan.framework == "other-2022":
         # The run ran: a layout that cannot hold the unfused attention's scores (or, where the row leaves it
         # open, activations without sequence parallelism) had a memory-efficient kernel (and sequence parallelism).
@@ -1497,7 +1514,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
                        f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")
-    if not fits[idx] and peaks[idx] <= prof.memory_bytes.value and not out["host_fits"][idx]:
+    if host_short:
         assumed.append(f"{HOST_SHORT}{out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
                        f"{out['host_capacity_bytes'][idx] / 1e9:.0f} GB its share of a "
                        f"{case.cluster.gpus_per_node}-GPU node's host memory holds (the GPU's memory holds the rest)")

@@ -440,15 +440,23 @@ def test_a_row_that_fits_no_way_is_priced_as_the_option_nearest_to_fitting(tmp_p
         in got["assumed"]
     assert "recompute=full (least memory: none fits)" in got["assumed"]
     assert 34.4e9 < got["predicted_peak_memory_bytes"] < 80e9
-    # Where the GPU holds it and the host does not (a 10B model's CPU Adam state, 16 bytes a parameter, on a node
-    # of one V100 with the profile's 96 GiB of host memory a GPU), the row says so.
+    # Where the GPU holds it and the host does not (a 13B model's CPU Adam state, 16 bytes a parameter, split
+    # over tp 2 on two nodes of one V100 each with the profile's 96 GiB of host memory a GPU), the row says so.
     small = dict(row, model_name="GPT-2 10B", params_b="10", layers="50", hidden="4096", heads="32", num_gpus="1",
                  gpus_per_node="1", dp="1", global_batch="10", micro_batch="10", zero_stage_or_distopt="ZeRO-Offload")
-    got = predict_case(_case(tmp_path, **small))
+    two = dict(small, params_b="13", layers="64", num_gpus="2", tp="2", global_batch="2", micro_batch="1")
+    got = predict_case(_case(tmp_path, **two))
     assert not got["fits"] and got["predicted_peak_memory_bytes"] < 34.4e9
-    assert any(a.startswith("host memory: 164 GB offloaded per GPU, above the 82 GB its share of a 1-GPU node's")
+    assert any(a.startswith("host memory: 105 GB offloaded per GPU, above the 82 GB its share of a 1-GPU node's")
                for a in got["assumed"])
-    # On a 16-GPU node (a DGX-2, as the ZeRO-Offload paper's single-GPU runs) the host holds it.
+    # A single GPU whose 164 GB of offloaded state a 1-GPU node's share does not hold sat in a server of the usual
+    # size (the row's gpus_per_node counts the GPUs the run used): it is priced there, as with the column blank;
+    # on a 16-GPU node (a DGX-2, as the ZeRO-Offload paper's single-GPU runs) the host holds it as well.
+    got = predict_case(_case(tmp_path, **small))
+    assert got["fits"] and got["assumed"][-1] == ("gpus_per_node=8 (the host memory of a 1-GPU node does not hold "
+                                                  "the offloaded state: the run's GPUs in a 8-GPU server)")
+    blank = predict_case(_case(tmp_path, **dict(small, gpus_per_node="")))
+    assert got["predicted_step_time_s"] == pytest.approx(blank["predicted_step_time_s"], rel=1e-12)
     assert predict_case(_case(tmp_path, **dict(small, gpus_per_node="16")))["fits"]
 
 

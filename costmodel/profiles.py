@@ -337,10 +337,14 @@ class HardwareProfile(FrozenSpec):
 
     def peak(self, dtype: str) -> float:
         """Dense peak for a GEMM dtype, falling back to the next wider type."""
+        return self.peak_flops[self.rate_dtype(dtype)].value
+
+    def rate_dtype(self, dtype: str) -> str:
+        """The dtype whose peak a GEMM of ``dtype`` runs at: itself, else the next wider type the GPU has."""
         for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):
             if d in self.peak_flops:
-                return self.peak_flops[d].value
-        return self.peak_flops["bf16"].value
+                return d
+        return "bf16"
 
     def max_efficiency(self, dtype: str) -> float:
         for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from costmodel.catalog import catalog, catalog_names, get_model, named_in
+from costmodel.compute import gemm_dtype
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
@@ -1176,6 +1177,10 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                 model = model.model_copy(update={"precision": "fp16"})
                 assumed[:] = [a.replace("precision=bf16", "precision=fp16", 1) if a.startswith("precision=bf16")
                               else a for a in assumed]
+            if not profile.supports(model.precision):
+                # Priced as it is (HardwareProfile.peak falls back to the next wider type), and said.
+                assumed.append(f"precision={model.precision} priced at {profile.rate_dtype(gemm_dtype(model.precision))} "
+                               f"rates ({profile.name} has no {model.precision} tensor cores)")
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
             mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)

@@ -625,3 +625,18 @@ def test_a_row_the_model_fails_on_is_reported_and_the_others_still_predicted(tmp
     assert bad["error"].startswith(f"{tmp_path / 'runs.csv'}: row 0: unexpected RuntimeError at ")
     assert "boom" in bad["error"] and v.UNEXPECTED in bad["error"] and "\n" not in bad["error"]
     assert good["error"] is None and good["predicted_step_time_s"] > 0
+
+
+@pytest.mark.parametrize("gpu, precision, note", [
+    ("A100-80GB", "fp8", "precision=fp8 priced at bf16 rates (A100-80GB has no fp8 tensor cores)"),
+    ("H100", "mxfp8", "precision=mxfp8 priced at fp8 rates (H100 has no mxfp8 tensor cores)"),
+    ("H100", "nvfp4", "precision=nvfp4 priced at fp8 rates (H100 has no nvfp4 tensor cores)")])
+def test_a_precision_the_gpu_has_no_tensor_cores_for_is_priced_at_the_next_wider_and_said(tmp_path, gpu, precision,
+                                                                                         note):
+    case = _case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="", heads="", kv_heads="",
+                 vocab="", gpu_type=gpu, num_gpus="64", tp="1", pp="1", dp="64", global_batch="256",
+                 framework="megatron-core", precision=precision)
+    assert note in case.assumed
+    assert not [a for a in _case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="",
+                                 heads="", kv_heads="", vocab="", gpu_type="B200", num_gpus="64", tp="1", pp="1",
+                                 dp="64", global_batch="256", precision=precision).assumed if "tensor cores" in a]

@@ -1408,7 +1408,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     """Predict one case; an unknown recompute setting (recompute_options) takes the fastest that fits: a
     published run was tuned by the people who ran it.
 
-    A published layout that does not fit as the row gives it ran some other way; the fallbacks, in order: an
+    A published layout that does not fit as the row gives it ran some other way; the fallbacks, in order: a
+    one-node run whose host share cannot hold what it offloads on a server of the usual size; an
     other-2022 row with memory-efficient attention; the fastest recompute that fits, where the recompute setting
     alone keeps it out; the optimizer state in host memory with the row's recompute (and only where that does
     not fit either, another recompute). ``offload_fallback=False`` leaves the last one out."""
@@ -1495,6 +1496,21 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
             got["assumed"].append("optimizer_offload=1 (the published layout does not fit with its optimizer "
                                   "state on the GPU)")
             return got
+    _note_choice(assumed, case, plans, idx, fits, out, peaks, prof, interleaved, host_short)
+    peak = out["peak_memory_bytes"][idx]
+    return {
+        "predicted_step_time_s": float(out["step_time_s"][idx]),
+        "predicted_peak_memory_bytes": float(np.nanmax(peak)),
+        "fits": bool(fits[idx]),
+        "assumed": assumed,
+        "plan": plans[idx],
+    }
+
+
+def _note_choice(assumed: list[str], case: Case, plans: list[ParallelPlan], idx: int, fits: np.ndarray, out: dict,
+                 peaks: np.ndarray, prof: HardwareProfile, interleaved: bool, host_short: bool) -> None:
+    """Add to ``assumed`` what :func:`predict_case` chose for what the row leaves open (``plans[idx]``) and why, and
+    how a prediction that does not fit falls short."""
     if fits[idx] and not out["fits"][idx]:
         assumed.append(f"peak memory {peaks[idx] / 1e9:.1f} GB is above the planner's usable "
                        f"{prof.usable_memory_fraction:.0%} of {prof.memory_bytes.value / 1e9:.1f} GB, within all of it")
@@ -1523,14 +1539,6 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         assumed.append(f"{HOST_SHORT}{out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
                        f"{out['host_capacity_bytes'][idx] / 1e9:.0f} GB its share of a "
                        f"{case.cluster.gpus_per_node}-GPU node's host memory holds (the GPU's memory holds the rest)")
-    peak = out["peak_memory_bytes"][idx]
-    return {
-        "predicted_step_time_s": float(out["step_time_s"][idx]),
-        "predicted_peak_memory_bytes": float(np.nanmax(peak)),
-        "fits": bool(fits[idx]),
-        "assumed": assumed,
-        "plan": plans[idx],
-    }
 
 
 def abs_percent_error(pred: float, pub: float) -> float:

@@ -135,7 +135,11 @@ def read_measurements(paths: list[str], profile: HardwareProfile, *, cluster: Cl
                     raise InputError(f"{spec}: field 'step_time_s': no row on {profile.name} gives a step time "
                                      f"(rows {', '.join(map(str, mine_timeless[:5]))} publish none); valid: a step "
                                      f"time, or a measured_metric that gives one (tokens_per_sec_per_gpu, ...)")
-                types = sorted({c.gpu_type for c in cases}) or ["none (no scored=true rows)"]
+                types = sorted({c.gpu_type for c in cases})
+                if not types and errors:   # scored rows none of which could be read: say why the first could not
+                    types = [f"none readable ({len(errors)} scored row(s) could not be read; the first: "
+                             f"{errors[0]['error']})"]
+                types = types or ["none (no scored=true rows)"]
                 raise InputError(f"{spec}: field 'gpu_type': no scored row on {profile.name} (the --profile GPU); "
                                  f"GPU types there: {', '.join(types)}")
             out += measurements_for(mine, {c.cluster.gpu: profile for c in mine})

@@ -580,7 +580,15 @@ def test_bad_profiles_and_measurements_are_one_line_exit_2(tmp_path, capsys):
     rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(runs), "--profile", "H100", "--out",
                                   str(tmp_path / "x.yaml")])
     assert rc == 2 and err.count("\n") == 1 and "field 'gpu_type': no scored row on H100" in err
+    assert "GPU types there: B200" in err
     assert not (tmp_path / "x.yaml").exists()
+    # A scored row that cannot be read (a GPU type no profile has) is named as the reason, not "no scored rows".
+    lone = write_rows(tmp_path / "L40S.csv", [{**next(csv.DictReader(io.StringIO(CSV.read_text()))),
+                                               "gpu_type": "L40S", "scored": "true"}])
+    rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(lone), "--profile", "H100", "--out",
+                                  str(tmp_path / "x.yaml")])
+    assert rc == 2 and err.count("\n") == 1 and "GPU types there: none readable (1 scored row(s) could not be " \
+        "read; the first: " in err and "unknown GPU type 'L40S'" in err
     broken = tmp_path / "broken.log"
     broken.write_text(edit(log_text(), "seq_length", None))
     rc, _, err = run_cli(capsys, ["calibrate", "--measurements", str(broken), "--profile", "H100", "--out",

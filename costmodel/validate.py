@@ -350,7 +350,7 @@ def framework_of(row: dict, assumed: list[str]) -> str:
 def _framework_as_named(row: dict, assumed: list[str]) -> str:
     raw = (row.get("framework") or "").strip()
     fw = raw.lower()
-    if fw == "":
+    if fw == "" or fw in _ABSENT:   # 'unknown', 'n/a': as blank
         fw = framework_from_notes(row)
         assumed.append(f"framework={fw} (from the row's notes and source)")
         return fw

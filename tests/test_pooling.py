@@ -155,6 +155,11 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
     assert framework_of({"framework": "JAX"}, said) == "other" and said == [
         "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other, "
         "other-2022: modelled as a stack without Megatron's overlaps)"]
+    # A column that says it does not know ('unknown', 'n/a') is read as blank: the notes name the stack.
+    for text in ("unknown", "N/A", "-"):
+        said = []
+        assert framework_of({**rows[0], "framework": text}, said) == "megatron-lm-2021" and said == [
+            "framework=megatron-lm-2021 (from the row's notes and source)"], text
     # A copy of the data without the column predicts every row the same.
     head = [c for c in rows[0] if c != "framework"]
     path = tmp_path / "no_framework.csv"

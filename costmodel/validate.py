@@ -1179,8 +1179,9 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                               else a for a in assumed]
             if not profile.supports(model.precision):
                 # Priced as it is (HardwareProfile.peak falls back to the next wider type), and said.
-                assumed.append(f"precision={model.precision} priced at {profile.rate_dtype(gemm_dtype(model.precision))} "
-                               f"rates ({profile.name} has no {model.precision} tensor cores)")
+                rate = profile.rate_dtype(gemm_dtype(model.precision))
+                assumed.append(f"precision={model.precision} priced at {rate} rates ({profile.name} has no "
+                               f"{model.precision} tensor cores)")
             cluster = row_cluster(row, profile)
             plan, known = row_plan(row, model, framework, assumed)
             mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)

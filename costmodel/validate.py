@@ -155,8 +155,9 @@ def _num(v: str) -> float | None:
 
 
 def _int(v: str) -> int | None:
+    """A count; None where the cell holds none (blank, text, or not finite: 'inf' and 'nan' count nothing)."""
     x = _num(v)
-    return None if x is None else int(round(x))
+    return None if x is None or not math.isfinite(x) else int(round(x))
 
 
 # A number as tables print it: thousands separators ("12,288"), a k / M multiple ("8k" tokens, "16K" GPUs,
@@ -538,7 +539,12 @@ def _width_for(model: ModelSpec, field: str, target: float) -> ModelSpec | None:
     t1 = total_params(model.model_copy(update={field: w1}))
     per_width = (total_params(model.model_copy(update={field: 2 * w1})) - t1) / w1
     width = int(round((w1 + (target - t1) / per_width) / 64.0)) * 64
-    return model.model_copy(update={field: width}) if width >= 64 else None
+    if width < 64:
+        return None
+    try:   # validated: a published size beyond what the cost model takes (ModelSpec's bounds) gives no reading
+        return ModelSpec.model_validate({**model.model_dump(), field: width})
+    except ValidationError:
+        return None
 
 
 def _match_published_size(model: ModelSpec, row: dict, assumed: list[str]) -> ModelSpec:
@@ -1083,6 +1089,12 @@ def fill_degrees(row: dict, assumed: list[str]) -> dict:
     return {**row, **{c: str(v) for c, v in filled.items()}}
 
 
+# A published step time outside these is no measurement of a training step: a microsecond is below one kernel
+# launch, a million seconds (11.6 days) beyond any step of the published runs by four orders of magnitude.
+MIN_STEP_TIME_S = 1e-6
+MAX_STEP_TIME_S = 1e6
+
+
 def _check_numbers(row: dict) -> float:
     """The row's published step time; a ValueError naming the column for a number a row gets wrong: text, 0, a
     fraction, NaN, inf."""
@@ -1102,8 +1114,9 @@ def _check_numbers(row: dict) -> float:
             raise ValueError(f"column '{col}': expected a positive integer, got {(row.get(col) or '').strip()!r}")
     raw = (row.get("step_time_s") or "").strip()
     t = _num(raw) if raw else published_step_time(row)
-    if t is None or not math.isfinite(t) or t <= 0:
-        raise ValueError(f"column 'step_time_s': expected a step time in seconds > 0, got {raw!r}")
+    if t is None or not math.isfinite(t) or not MIN_STEP_TIME_S <= t <= MAX_STEP_TIME_S:
+        raise ValueError(f"column 'step_time_s': expected a step time in seconds, {MIN_STEP_TIME_S:g} to "
+                         f"{MAX_STEP_TIME_S:g}, got {raw or f'{t:g} (from measured_value)'!r}")
     return t
 
 

@@ -246,6 +246,32 @@ def test_csv_reader(workdir, edits, drop):
     assert overall["predicted"] == 1 and math.isfinite(overall["mape"]), overall
 
 
+@pytest.mark.parametrize("edits, error", [
+    # Found by FUZZ_RANDOM=1 FUZZ_EXAMPLES=20000 (2026-12-07): each was an "unexpected" row error (an overflow in
+    # the reader, an int64 overflow in the memory model, an infinite error) and is now a one-line input error or
+    # a model read as its columns give it.
+    ({"moe_experts": "inf"}, "column 'moe_experts': expected an integer >= 0, got 'inf'"),
+    ({"step_time_s": "2.2250738585e-313"}, "column 'step_time_s': expected a step time in seconds, 1e-06 to 1e+06"),
+    ({"ffn_hidden": "", "params_b": "442721857770.0"}, None)])
+def test_csv_reader_found_by_fuzzing(workdir, edits, error):
+    from costmodel.validate import validate
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS)
+    w.writeheader()
+    w.writerow({**GOOD_ROW, **edits})
+    p = _write(_fresh(workdir), "runs.csv", buf.getvalue())
+    if error is None:   # a size no ffn width can give: the model as its columns read (4h), predicted
+        row = validate(p)["rows"][0]
+        assert row["error"] is None and math.isfinite(row["predicted_step_time_s"])
+        assert "ffn_hidden=4h" in row["assumed"]
+        return
+    with pytest.raises(InputError) as exc:
+        validate(p)
+    _one_line(exc.value)
+    assert error in str(exc.value)
+
+
 @FUZZ
 @given(content=st.one_of(raw_bytes, st.text(max_size=300)))
 def test_csv_reader_any_text(workdir, content):

@@ -84,33 +84,40 @@ class GemmPoint(FrozenSpec):
     """Key into the sources table."""
 
 
+# The range a calibration multiplier may take in a profile file: a thousandth to a thousand times the physics,
+# far wider than any fit's bounds (costmodel/fit.py FACTORS: 0.1-5), so only a malformed file meets it (a factor of
+# 5e-324 made every GEMM take forever and the step time NaN).
+FACTOR_MIN = 1e-3
+FACTOR_MAX = 1e3
+
+
 class Calibration(FrozenSpec):
     """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    gemm_efficiency: float = Field(default=1.0, gt=0)
+    gemm_efficiency: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on the GEMM efficiency curve as real training kernels reach it."""
-    fp8_gemm_efficiency: float = Field(default=1.0, gt=0)
+    fp8_gemm_efficiency: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Extra multiplier on fp8/fp4 GEMMs (quantisation, scaling overheads)."""
-    fp4_gemm_efficiency: float = Field(default=1.0, gt=0)
+    fp4_gemm_efficiency: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Extra multiplier on fp4 (NVFP4) GEMMs, on top of the fp8 one (no fp4 MAMF is published)."""
-    memory_bound_efficiency: float = Field(default=0.7, gt=0)
+    memory_bound_efficiency: float = Field(default=0.7, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Fraction of HBM bandwidth reached by element-wise kernels."""
-    moe_overhead: float = Field(default=1.0, gt=0)
+    moe_overhead: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on MoE routing/permutation/grouped-GEMM overheads."""
-    comm_exposed: float = Field(default=1.0, ge=0)
+    comm_exposed: float = Field(default=1.0, ge=0, le=FACTOR_MAX)
     """Multiplier on the exposed share of overlappable communication."""
-    gemm_shape: float = Field(default=1.0, gt=0)
+    gemm_shape: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on gemm_half_efficiency_dim: how fast GEMM efficiency falls for narrow shapes."""
-    attention_efficiency: float = Field(default=1.0, gt=0)
+    attention_efficiency: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on the flash-attention efficiency."""
-    a2a_time: float = Field(default=1.0, gt=0)
+    a2a_time: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on MoE dispatch/combine all-to-all time."""
-    layer_overhead_s: float = Field(default=0.0, ge=0)
+    layer_overhead_s: float = Field(default=0.0, ge=0, le=10.0)
     """Fixed host time per transformer layer and micro-batch in the forward pass (twice that backward):
     kernel launches and Python. Fitted only from executor measurements (``plan calibrate``); 0 otherwise."""
-    activation_memory: float = Field(default=1.0, gt=0)
+    activation_memory: float = Field(default=1.0, ge=FACTOR_MIN, le=FACTOR_MAX)
     """Multiplier on a stage's activation memory (the layers' saved tensors and the last stage's logits).
     Fitted only by ``plan calibrate`` from runs that measured their peak memory (executor runs on CUDA);
     1 otherwise. megatron-core's local layer spec without Transformer Engine keeps about 1.9x what the
@@ -150,10 +157,10 @@ class Calibration(FrozenSpec):
                 if field is None or field.annotation is not float or name == "other_models_weight":
                     raise ValueError(f"{where}: {name!r} is not a calibration factor; expected one of "
                                      f"{', '.join(_FACTOR_NAMES)}")
-                low = next((m.ge for m in field.metadata if getattr(m, "ge", None) is not None), None)
-                if not math.isfinite(value) or (value < low if low is not None else value <= 0):
-                    raise ValueError(f"{where}.{name} = {value}: expected a finite number "
-                                     f"{'>= ' + str(low) if low is not None else '> 0'}")
+                low = next(m.ge for m in field.metadata if getattr(m, "ge", None) is not None)
+                high = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
+                if not (math.isfinite(value) and low <= value <= high):
+                    raise ValueError(f"{where}.{name} = {value}: expected a finite number from {low:g} to {high:g}")
         return self
 
 

@@ -732,9 +732,12 @@ _FITTED_GEMM_LINE = re.search(r"^  gemm_efficiency: .*$", (PROFILE_DIR / "gpus" 
     ("calibration:\n", "calibration:\n  per_model: {'L32 h4096': {fitted_by: 1.0}}\n",
      "per_model.L32 h4096: 'fitted_by' is not a calibration factor"),
     ("calibration:\n", "calibration:\n  per_model: {'L32 h4096': {gemm_efficiency: -1}}\n",
-     "per_model.L32 h4096.gemm_efficiency = -1.0: expected a finite number > 0"),
+     "per_model.L32 h4096.gemm_efficiency = -1.0: expected a finite number from 0.001 to 1000"),
     ("calibration:\n", "calibration:\n  uncalibrated: {comm_exposed: -0.5}\n",
-     "uncalibrated.comm_exposed = -0.5: expected a finite number >= 0"),
+     "uncalibrated.comm_exposed = -0.5: expected a finite number from 0 to 1000"),
+    # Found by FUZZ_RANDOM=1 (2026-12-07): a factor of 5e-324 priced every GEMM at forever and the step at NaN.
+    (_FITTED_GEMM_LINE, "  gemm_efficiency: 5.0e-324", "calibration.gemm_efficiency': Input should be greater "
+                                                       "than or equal to 0.001"),
 ])
 def test_a_number_a_profile_cannot_use_is_a_one_line_error(tmp_path, old, new, field):
     # Found by fuzzing --profile FILE: HBM bandwidth 0 priced a step at NaN; per_model / uncalibrated entries

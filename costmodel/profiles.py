@@ -167,6 +167,10 @@ class Calibration(FrozenSpec):
 _FACTOR_NAMES = [n for n, f in Calibration.model_fields.items() if f.annotation is float and n != "other_models_weight"]
 
 
+# A GEMM dtype and those it falls back to, narrowest first, where a profile has no figure for it (any other: bf16).
+_AND_WIDER = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}
+
+
 class HardwareProfile(FrozenSpec):
     """One GPU type as the cost model sees it."""
 
@@ -348,16 +352,11 @@ class HardwareProfile(FrozenSpec):
 
     def rate_dtype(self, dtype: str) -> str:
         """The dtype whose peak a GEMM of ``dtype`` runs at: itself, else the next wider type the GPU has."""
-        for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):
-            if d in self.peak_flops:
-                return d
-        return "bf16"
+        return next((d for d in _AND_WIDER.get(dtype, (dtype, "bf16")) if d in self.peak_flops), "bf16")
 
     def max_efficiency(self, dtype: str) -> float:
-        for d in {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}.get(dtype, (dtype, "bf16")):
-            if d in self.gemm_max_efficiency:
-                return self.gemm_max_efficiency[d].value
-        return 0.75
+        d = next((d for d in _AND_WIDER.get(dtype, (dtype, "bf16")) if d in self.gemm_max_efficiency), None)
+        return self.gemm_max_efficiency[d].value if d else 0.75
 
     def latency_s(self, collective: str) -> float:
         """Small-message latency of one collective inside the domain: the measured one where the profile

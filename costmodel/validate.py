@@ -1217,13 +1217,13 @@ UNEXPECTED = "a fault of the cost model"
 
 
 def _row_error(exc: Exception) -> str:
-    """One line saying why a row could not be read: the field and value for a schema error, the message of an
-    input check, or :func:`unexpected`."""
+    """One line saying why a row could not be read or predicted: the field and value for a schema error, the
+    message of an input check, or :func:`unexpected`."""
     if isinstance(exc, ValidationError):
         e = exc.errors()[0]
         loc = ".".join(str(x) for x in e["loc"]) or "(row)"
         return f"{exc.title} field '{loc}': {e['msg']} (got {e.get('input')!r})"
-    if isinstance(exc, (InputError, ValueError, TypeError, KeyError)):
+    if isinstance(exc, (InputError, ValueError, TypeError, KeyError, FloatingPointError)):
         return str(exc).splitlines()[0]
     return unexpected(exc)
 
@@ -1451,8 +1451,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     fits = np.isfinite(out["step_time_s"]) & (peaks <= prof.memory_bytes.value) & out["host_fits"]
     idx = _fastest_fitting(fits, out["step_time_s"], len(base), peaks)
     host_short = not fits[idx] and peaks[idx] <= prof.memory_bytes.value and not out["host_fits"][idx]
-    server = server_gpus(prof)
-    if host_short and case.cluster.nodes == 1 and case.cluster.gpus_per_node < server:
+    if host_short and case.cluster.nodes == 1 and case.cluster.gpus_per_node < (server := server_gpus(prof)):
         # The run ran: GPUs whose offloaded state a node of their own number cannot hold sat in a server of the
         # usual size (the row's gpus_per_node counts the GPUs it used), whose idle GPUs' host shares they had.
         bigger = replace(case, cluster=case.cluster.model_copy(update={"gpus_per_node": server}))
@@ -1595,10 +1594,9 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
         try:
             pred = predict_case(c, prof)
         except Exception as exc:   # noqa: BLE001 - one row's fault must not lose the file's other rows
-            why = str(exc) if isinstance(exc, (ValueError, FloatingPointError)) else unexpected(exc)
             rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
                          "predicted_step_time_s": None, "published_step_time_s": published,
-                         "predicted_peak_memory_bytes": None, "fits": None, "error": why, "ape": None})
+                         "predicted_peak_memory_bytes": None, "fits": None, "error": _row_error(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
         pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"], prof))

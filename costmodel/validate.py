@@ -138,6 +138,9 @@ class Case:
     open_degrees: tuple[str, ...] = ()
     """"tp" / "pp" where the row leaves them (and dp) blank: read as 1 (fill_degrees) unless that does not fit
     (degree_options)."""
+    stage_named: bool = False
+    """True where the sharding column names the ZeRO stage outright (stage_named): the stage the run ran, raised
+    (sharding_fallbacks) only where nothing else the row leaves open makes the layout fit."""
 
 
 # How a numeric column says "not published" (read as blank).
@@ -880,6 +883,15 @@ def sharding_named(z: str) -> tuple[bool, int | None]:
     return (fsdp and zstage in (None, 3)) or zstage == 3, zstage
 
 
+def stage_named(z: str) -> bool:
+    """Whether a sharding column (lower-cased) names its ZeRO stage outright: a stage number ('ZeRO-2', 'ZeRO stage
+    1', 'zero_optimization stage 3'), FSDP's SHARD_GRAD_OP or NO_SHARD. DeepSpeed's ZeRO without a stage, a
+    distributed optimizer or FSDP alone name a default, not a stage the source chose."""
+    return bool(re.search(r"zero[-_ ]?(?:stage)?[-_ =]?[0-3]", z) or re.fullmatch(r"(?:stage[-_ ]?)?[0-3]", z)
+                or (re.search(r"zero", z) and re.search(r"stage[-_ =:]*[0-3]", z))
+                or re.search(r"no[-_ ]shard|shard[-_ ]grad[-_ ]op", z))
+
+
 _YES = ("true", "yes", "y", "1", "on", "enabled")
 _NO = ("false", "no", "n", "0", "off", "disabled")
 
@@ -1204,7 +1216,8 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                               release_of(row["source_id"], row.get("notes", "")),
                               vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))),
                               micro_batch_known=mbs_known, ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
-                              open_degrees=open_degrees))
+                              open_degrees=open_degrees,
+                              stage_named=stage_named((row.get("zero_stage_or_distopt") or "").strip().lower())))
         except Exception as exc:   # noqa: BLE001 - one row's fault must not lose the file's other rows
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
                            "published_step_time_s": _num(row.get("step_time_s", "")),
@@ -1376,18 +1389,19 @@ def with_degrees(case: Case, plan: ParallelPlan) -> Case:
     return replace(case, plan=plan, open_degrees=(), vpp_known=plan.pp == 1 or case.plan.vpp > 1)
 
 
-def sharding_fallbacks(plan: ParallelPlan) -> list[ParallelPlan]:
+def sharding_fallbacks(plan: ParallelPlan, raise_stage: bool = True) -> list[ParallelPlan]:
     """A published run that cannot fit as described must have sharded more than the row says: try the
     same plan with the optimizer state (ZeRO-1, Megatron's distributed optimizer), then gradients (ZeRO-2) and
     then weights (ZeRO-3 / FSDP) sharded over data parallelism. Gradients and weights not with pipeline
     parallelism: megatron-core's Megatron-FSDP (either stage) needs pp 1 (rules.py,
-    fsdp_pipeline), so the estimate would refuse those plans anyway."""
+    fsdp_pipeline), so the estimate would refuse those plans anyway. ``raise_stage=False`` (a row that names its
+    stage) keeps the stage and tries only larger shard groups."""
     if plan.dp * plan.cp <= 1:
         return []
     # Sharded inside replicas (HSDP) that do not hold the state: fewer replicas of larger shard groups.
     fewer = [plan.model_copy(update={"dist_opt_instances": r}) for r in range(plan.dist_opt_instances - 1, 0, -1)
              if plan.dist_opt_instances % r == 0]
-    if plan.zero_stage >= 3:
+    if plan.zero_stage >= 3 or not raise_stage:
         return fewer
     stages = (1, 2, 3) if plan.pp == 1 else (1,)
     return fewer + [plan.model_copy(update={"zero_stage": z, "distributed_optimizer": True}) for z in stages
@@ -1440,7 +1454,7 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         return [q for p in ps for q in ([p] if case.recompute_known else recompute_options(p, case.model, prof))]
 
     base = with_recompute(layouts)
-    plans = base + with_recompute(sharding_fallbacks(case.plan))
+    plans = base + with_recompute(sharding_fallbacks(case.plan, raise_stage=not case.stage_named))
     out = estimate_arrays(case.model, case.cluster, PlanArrays.from_plans(plans), profile=prof,
                           framework=case.plan.framework)
     assumed = list(case.assumed)
@@ -1461,15 +1475,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
                                   f"node does not hold the offloaded state: the run's GPUs in a {server}-GPU server)")
             return got
     if not fits[idx] and case.plan.framework == "other-2022":
-        # The run ran: a layout that cannot hold the unfused attention's scores (or, where the row leaves it
-        # open, activations without sequence parallelism) had a memory-efficient kernel (and sequence parallelism).
-        sp = case.plan.sequence_parallel or ("sequence_parallel=False" in case.assumed and case.plan.tp > 1)
-        fused = replace(case, plan=case.plan.model_copy(update={"framework": "other", "sequence_parallel": sp}),
-                        assumed=[a for a in case.assumed if a != "sequence_parallel=False"])
-        got = predict_case(fused, profile, offload_fallback)
-        if got["fits"]:
-            got["assumed"].append(f"framework=other (the published layout fits only with memory-efficient attention"
-                                  f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
+        got = _memory_efficient_reading(case, profile, offload_fallback)
+        if got is not None:
             return got
     if not fits[idx] and case.recompute_known:
         # The run ran: a layout that holds its activations with no setting the row names saved them another way
@@ -1509,6 +1516,11 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
             got["assumed"].append("optimizer_offload=1 (the published layout does not fit with its optimizer "
                                   "state on the GPU)")
             return got
+    if not fits[idx] and case.stage_named:
+        # The run ran: where nothing the row leaves open fits with the stage it names, it sharded more.
+        got = predict_case(replace(case, stage_named=False), profile, offload_fallback)
+        if got["fits"]:
+            return got
     _note_choice(assumed, case, plans, idx, fits, out, peaks, prof, interleaved, host_short)
     peak = out["peak_memory_bytes"][idx]
     return {
@@ -1518,6 +1530,34 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         "assumed": assumed,
         "plan": plans[idx],
     }
+
+
+def _memory_efficient_reading(case: Case, profile: HardwareProfile | None, offload_fallback: bool) -> dict | None:
+    """An other-2022 layout that cannot hold its activations as the row reads it, read the way it could have run
+    (the prediction, or None where none fits). With full recomputation and sequence parallelism left open, first
+    with the stored layer inputs partitioned over the tensor-parallel ranks: DeepSpeed's partitioned activation
+    checkpoints (``partition_activations``; ZeRO-R's P_a, Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 6.1),
+    whose memory sequence parallelism prices; the attention stays unfused. Then a memory-efficient attention
+    kernel (and sequence parallelism where the row leaves it open)."""
+    sp_open = "sequence_parallel=False" in case.assumed and case.plan.tp > 1
+    rest = [a for a in case.assumed if a != "sequence_parallel=False"]
+    if sp_open and case.recompute_known and case.plan.recompute == "full":
+        partitioned = replace(case, plan=case.plan.model_copy(update={"sequence_parallel": True}), assumed=rest)
+        got = predict_case(partitioned, profile, offload_fallback)
+        if got["fits"] and got["plan"].framework == "other-2022":
+            got["assumed"].append("sequence_parallel=True (the published layout fits only with its activation "
+                                  "checkpoints partitioned over the tensor-parallel ranks, as DeepSpeed's "
+                                  "partition_activations keeps them)")
+            return got
+    sp = case.plan.sequence_parallel or sp_open
+    fused = replace(case, plan=case.plan.model_copy(update={"framework": "other", "sequence_parallel": sp}),
+                    assumed=rest)
+    got = predict_case(fused, profile, offload_fallback)
+    if got["fits"]:
+        got["assumed"].append(f"framework=other (the published layout fits only with memory-efficient attention"
+                              f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
+        return got
+    return None
 
 
 def _note_choice(assumed: list[str], case: Case, plans: list[ParallelPlan], idx: int, fits: np.ndarray, out: dict,

@@ -640,3 +640,55 @@ def test_a_precision_the_gpu_has_no_tensor_cores_for_is_priced_at_the_next_wider
     assert not [a for a in _case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="",
                                  heads="", kv_heads="", vocab="", gpu_type="B200", num_gpus="64", tp="1", pp="1",
                                  dp="64", global_batch="256", precision=precision).assumed if "tensor cores" in a]
+
+
+# The ZeRO paper's largest layout (Rajbhandari et al. 2019, arXiv:1910.02054): a 170B GPT with Megatron's tensor
+# parallelism over a 16-V100 DGX-2 node and ZeRO-2 over 25 of them, activation checkpoints kept (step time a
+# placeholder). ZeRO-3 did not exist then; the paper's ZeRO-R partitions the checkpoints over the tp ranks.
+ZERO_2019 = dict(ROW, source_id="ZERO_2019", model_name="GPT 170B", params_b="170", layers="212", hidden="8192",
+                 ffn_hidden="32768", heads="32", kv_heads="", vocab="50257", seq_len="1024", gpu_type="V100-32GB",
+                 num_gpus="400", gpus_per_node="16", tp="16", pp="1", cp="", dp="25", recompute="full",
+                 global_batch="1600", micro_batch="", zero_stage_or_distopt="ZeRO-2", framework="DeepSpeed",
+                 precision="fp16")
+
+
+def test_a_named_zero_stage_is_kept_while_what_the_row_leaves_open_can_make_it_fit(tmp_path):
+    """A row naming its ZeRO stage ran that stage: where it does not fit as read, the activation checkpoints
+    partitioned over the tensor-parallel ranks (DeepSpeed's partition_activations, priced as sequence
+    parallelism; the row leaves that open) come before a higher stage. Before, the 170B layout was read as ZeRO-3,
+    its weights gathered over InfiniBand for every micro-batch: 768 s a step against 98 s."""
+    case = _case(tmp_path, **ZERO_2019)
+    assert case.stage_named and case.plan.zero_stage == 2 and not case.plan.sequence_parallel
+    got = predict_case(case)
+    assert got["fits"] and got["plan"].zero_stage == 2 and got["plan"].sequence_parallel
+    assert got["plan"].framework == "other-2022"   # attention still unfused in 2019
+    assert any(a.startswith("sequence_parallel=True (the published layout fits only with its activation "
+                            "checkpoints partitioned") for a in got["assumed"])
+    assert 80 < got["predicted_step_time_s"] < 120
+    # The same layout with the stage left to a default (DeepSpeed's ZeRO without a stage is stage 1) is sharded
+    # further first, as before.
+    unnamed = _case(tmp_path, **{**ZERO_2019, "zero_stage_or_distopt": "ZeRO"})
+    assert not unnamed.stage_named
+    got = predict_case(unnamed)
+    assert got["fits"] and got["plan"].zero_stage == 3 and got["predicted_step_time_s"] > 5 * 98
+    assert "zero_stage=3 (the published layout does not fit otherwise)" in got["assumed"]
+
+
+def test_a_named_zero_stage_that_fits_no_other_way_is_raised_last(tmp_path):
+    """Where nothing the row leaves open fits with the stage it names (here the layout of a 340B GPT on the same
+    nodes, far beyond what ZeRO-2 can hold), the run ran with more sharding: the stage is raised."""
+    case = _case(tmp_path, **{**ZERO_2019, "model_name": "GPT 340B", "params_b": "340", "layers": "424"})
+    assert case.stage_named
+    got = predict_case(case)
+    assert got["fits"] and got["plan"].zero_stage == 3
+    assert "zero_stage=3 (the published layout does not fit otherwise)" in got["assumed"]
+
+
+@pytest.mark.parametrize("text, named", [
+    ("zero-2", True), ("zero stage 1", True), ("zero_optimization stage 3", True), ("2", True),
+    ("shard_grad_op", True), ("no_shard", True), ("zero", False), ("distributed optimizer", False),
+    ("fsdp", False), ("zero-infinity (nvme offload)", False), ("", False)])
+def test_which_sharding_columns_name_their_stage(text, named):
+    from costmodel.validate import stage_named
+
+    assert stage_named(text) is named

@@ -722,6 +722,10 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
     sp_raw = (row.get("sp") or "").strip().lower()
     if sp_raw in _YES + _NO:
         sp = sp_raw in _YES
+    elif (named := sequence_parallel_named(" ".join([row.get("model_name") or "", row.get("notes") or ""]),
+                                           framework)) is not None:
+        sp = named
+        assumed.append(f"sequence_parallel={sp} (from the name or notes)")
     else:
         # Tensor parallelism without sequence parallelism is Megatron-LM before 2022 (its own frameworks here);
         # megatron-core turns it on with tp (Megatron-Bridge recipes) and other stacks shard the norms'
@@ -766,6 +770,30 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
                         dist_opt_instances=instances, optimizer_offload=offload)
     return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
+
+
+_SEQ_PAR = re.compile(r"(?<![a-z])(?:seq(?:uence)?[-_ ]?par(?:allel(?:ism)?)?|--sequence-parallel|sp)(?![a-z])"
+                      r"(?:\s*[=:]\s*(\w+))?")
+
+
+def sequence_parallel_named(text: str, framework: str) -> bool | None:
+    """Whether a Megatron row's name or notes name Megatron's sequence parallelism as on ('seq-par',
+    '--sequence-parallel', 'sequence parallelism', 'SP=True') or off ('no seq-par', 'without sequence
+    parallelism', 'SP=False'); None where they do not, or where the stack is not Megatron-LM of 2021-2022 or
+    megatron-core (Megatron-LM 2020 had none; elsewhere 'sequence parallelism' often names DeepSpeed-Ulysses or
+    context parallelism, which split the sequence another way), or where Ulysses is named. A bare 'SP' counts
+    only with a value ('SP=True')."""
+    t = text.lower()
+    if framework not in ("megatron-lm-2021", "megatron-core") or "ulysses" in t:
+        return None
+    for m in _SEQ_PAR.finditer(t):
+        value = (m.group(1) or "")
+        if m.group(0).startswith("sp") and not value:
+            continue
+        if value in _NO or value in ("none",) or re.search(r"(?:\bno|\bw/o|\bwithout|\bnot)\s*$", t[:m.start()]):
+            return False
+        return True
+    return None
 
 
 _A2A_OVERLAP = re.compile(r"(overlap[-_ ]moe[-_ ]expert[-_ ]parallel[-_ ]comm|moe[-_ ]a2a[-_ ]overlap"

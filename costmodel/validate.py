@@ -1616,6 +1616,12 @@ def _note_choice(assumed: list[str], case: Case, plans: list[ParallelPlan], idx:
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:
         assumed.append(f"dist_opt_instances={plans[idx].dist_opt_instances} (shard groups of "
                        f"{plans[idx].shard_group} ranks: the state does not fit in smaller ones)")
+    q = plans[idx]
+    if q.global_batch % (q.dp * q.micro_batch):
+        m = q.num_microbatches
+        assumed.append(f"global_batch={q.global_batch} is not a multiple of dp x micro_batch = {q.dp * q.micro_batch}: "
+                       f"priced as {m} micro-batch{'es' if m > 1 else ''} a rank ({m * q.dp * q.micro_batch} sequences), "
+                       f"as megatron-core's calculator counts them")
     if host_short:
         assumed.append(f"{HOST_SHORT}{out['host_offload_bytes'][idx] / 1e9:.0f} GB offloaded per GPU, above the "
                        f"{out['host_capacity_bytes'][idx] / 1e9:.0f} GB its share of a "

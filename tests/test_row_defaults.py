@@ -728,3 +728,18 @@ def test_a_blank_sequence_parallel_column_takes_what_the_name_says(tmp_path):
     assert predict_case(blank)["predicted_step_time_s"] == predict_case(given)["predicted_step_time_s"]
     off = _case(tmp_path, **{**row, "model_name": "GPT-3 175B"})
     assert not off.plan.sequence_parallel and "sequence_parallel=False" in off.assumed
+
+
+def test_a_global_batch_the_ranks_do_not_divide_says_how_it_is_priced(tmp_path):
+    """megatron-core refuses such a run; a published row may still give one (a rounded batch, a data-parallel size
+    counted another way). It is priced with megatron-core's count of micro-batches, and the row says so."""
+    got = predict_case(_case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="", heads="",
+                             kv_heads="", vocab="", num_gpus="96", tp="1", pp="1", dp="96", global_batch="1000",
+                             micro_batch="1", framework="megatron-core"))
+    assert got["plan"].num_microbatches == 10
+    assert "global_batch=1000 is not a multiple of dp x micro_batch = 96: priced as 10 micro-batches a rank (960 " \
+        "sequences), as megatron-core's calculator counts them" in got["assumed"]
+    even = predict_case(_case(tmp_path, model_name="Llama 3.1 8B", layers="", hidden="", ffn_hidden="", heads="",
+                              kv_heads="", vocab="", num_gpus="96", tp="1", pp="1", dp="96", global_batch="960",
+                              micro_batch="1", framework="megatron-core"))
+    assert not [a for a in even["assumed"] if "not a multiple" in a]

@@ -892,9 +892,7 @@ def sharding_named(z: str) -> tuple[bool, int | None]:
     ZeRO-DP default in Megatron-DeepSpeed), ZeRO++ and ZeRO-Infinity stage 3, ZeRO-Offload stage 2; PyTorch
     FSDP's strategies FULL_SHARD (and HYBRID_SHARD / HSDP, modelled as FULL_SHARD) shard the weights,
     SHARD_GRAD_OP gradients and optimizer states (ZeRO-2), NO_SHARD nothing (DDP)."""
-    zm = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z) \
-        or (re.search(r"zero", z) and re.search(r"stage[-_ =:]*([0-3])", z))
-    zstage = int(zm.group(1)) if zm else None
+    zstage = _stage_number(z)
     if zstage is None and re.search(r"no[-_ ]shard", z):
         return False, 0
     if zstage is None and re.search(r"shard[-_ ]grad[-_ ]op", z):
@@ -911,13 +909,19 @@ def sharding_named(z: str) -> tuple[bool, int | None]:
     return (fsdp and zstage in (None, 3)) or zstage == 3, zstage
 
 
+def _stage_number(z: str) -> int | None:
+    """The ZeRO stage number a sharding column (lower-cased) writes out ('ZeRO-2', 'ZeRO stage 1', 'zero_optimization
+    stage 3', '3'), or None."""
+    m = re.search(r"zero[-_ ]?(?:stage)?[-_ =]?([0-3])", z) or re.fullmatch(r"(?:stage[-_ ]?)?([0-3])", z) \
+        or (re.search(r"zero", z) and re.search(r"stage[-_ =:]*([0-3])", z))
+    return int(m.group(1)) if m else None
+
+
 def stage_named(z: str) -> bool:
-    """Whether a sharding column (lower-cased) names its ZeRO stage outright: a stage number ('ZeRO-2', 'ZeRO stage
-    1', 'zero_optimization stage 3'), FSDP's SHARD_GRAD_OP or NO_SHARD. DeepSpeed's ZeRO without a stage, a
-    distributed optimizer or FSDP alone name a default, not a stage the source chose."""
-    return bool(re.search(r"zero[-_ ]?(?:stage)?[-_ =]?[0-3]", z) or re.fullmatch(r"(?:stage[-_ ]?)?[0-3]", z)
-                or (re.search(r"zero", z) and re.search(r"stage[-_ =:]*[0-3]", z))
-                or re.search(r"no[-_ ]shard|shard[-_ ]grad[-_ ]op", z))
+    """Whether a sharding column (lower-cased) names its ZeRO stage outright: a stage number, FSDP's SHARD_GRAD_OP
+    or NO_SHARD. DeepSpeed's ZeRO without a stage, a distributed optimizer or FSDP alone name a default, not a
+    stage the source chose."""
+    return _stage_number(z) is not None or bool(re.search(r"no[-_ ]shard|shard[-_ ]grad[-_ ]op", z))
 
 
 _YES = ("true", "yes", "y", "1", "on", "enabled")

@@ -38,11 +38,19 @@ class InputError(ValueError):
         super().__init__(message, *args)
 
 
+# The smallest number a profile may give for a size, a rate or an efficiency, in the unit its field name says.
+# Every real one is far above it (the smallest shipped: an fp8 GEMM efficiency of 0.66); a denormal bandwidth
+# (2.2e-309 B/s, found by FUZZ_RANDOM=1 on the calibrated-profile reader) overflowed every time it divided to
+# infinity and the step time to NaN.
+MIN_QUANTITY = 1e-3
+
+
 class Sourced(FrozenSpec):
     """A number with the id of its source."""
 
-    value: float = Field(allow_inf_nan=False, gt=0)
-    """The number, in the unit its field name says (finite and positive: a size, a rate or an efficiency)."""
+    value: float = Field(allow_inf_nan=False, ge=MIN_QUANTITY)
+    """The number, in the unit its field name says (finite, at least MIN_QUANTITY: a size, a rate or an
+    efficiency)."""
     source: str
     """Key into the profile's sources table."""
 
@@ -66,6 +74,11 @@ class BusBwCurve(FrozenSpec):
         sizes = [p[0] for p in self.points]
         if len(sizes) < 2 or sizes != sorted(sizes):
             raise ValueError("points need at least two entries sorted by message size")
+        bad = [p for p in self.points if not (math.isfinite(p[0]) and math.isfinite(p[1]) and p[0] > 0
+                                              and p[1] >= MIN_QUANTITY)]
+        if bad:
+            raise ValueError(f"point {list(bad[0])}: expected a finite message size above 0 bytes and a busbw of at "
+                             f"least {MIN_QUANTITY:g} bytes/s")
         return self
 
 
@@ -78,7 +91,7 @@ class GemmPoint(FrozenSpec):
     n: int = Field(ge=1)
     k: int = Field(ge=1)
     """C[m, n] = A[m, k] @ B[k, n]."""
-    flops_per_s: float = Field(gt=0)
+    flops_per_s: float = Field(allow_inf_nan=False, ge=MIN_QUANTITY)
     """Achieved rate: 2 m n k / time of one call."""
     source: str
     """Key into the sources table."""

@@ -738,6 +738,10 @@ _FITTED_GEMM_LINE = re.search(r"^  gemm_efficiency: .*$", (PROFILE_DIR / "gpus" 
     # Found by FUZZ_RANDOM=1 (2026-12-07): a factor of 5e-324 priced every GEMM at forever and the step at NaN.
     (_FITTED_GEMM_LINE, "  gemm_efficiency: 5.0e-324", "calibration.gemm_efficiency': Input should be greater "
                                                        "than or equal to 0.001"),
+    # Found by FUZZ_RANDOM=1 (2026-12-07, second day): a denormal HBM bandwidth overflowed every memory-bound
+    # time to infinity and the step to NaN.
+    ("{value: 3.35e+12, source: H100_DATASHEET}", "{value: 2.2e-309, source: H100_DATASHEET}",
+     "hbm_bandwidth_bytes_per_s.value': Input should be greater than or equal to 0.001"),
 ])
 def test_a_number_a_profile_cannot_use_is_a_one_line_error(tmp_path, old, new, field):
     # Found by fuzzing --profile FILE: HBM bandwidth 0 priced a step at NaN; per_model / uncalibrated entries
@@ -768,3 +772,18 @@ def test_a_server_of_pcie_pairs_is_several_nvlink_domains_in_rows_and_cluster_fi
     assert load_cluster(tmp_path / "pcie.yaml").domain_gpus == 2
     assert load_cluster(tmp_path / "own.yaml").domain_gpus == 4
     assert load_cluster(tmp_path / "sxm.yaml").domain_gpus == 8
+
+
+@pytest.mark.parametrize("points", [((8.0, 1e9), (1024.0, 0.0)), ((8.0, 1e9), (1024.0, 2.2e-309)),
+                                    ((0.0, 1e9), (1024.0, 2e9)), ((8.0, 1e9), (float("inf"), 2e9))])
+def test_a_busbw_curve_point_no_collective_can_run_at_is_refused(points):
+    """A busbw of 0 or a denormal one divides a message's bytes into infinity (the step time NaN); a message of
+    0 bytes or of infinitely many is no measurement."""
+    from pydantic import ValidationError
+
+    from costmodel.profiles import BusBwCurve
+
+    with pytest.raises(ValidationError, match="expected a finite message size above 0 bytes"):
+        BusBwCurve(collective="all_reduce", scope="intra", group_size=8, points=points, source="X")
+    assert BusBwCurve(collective="all_reduce", scope="intra", group_size=8, points=((8.0, 1e9), (1024.0, 2e9)),
+                      source="X").points[1] == (1024.0, 2e9)

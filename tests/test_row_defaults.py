@@ -743,3 +743,49 @@ def test_a_global_batch_the_ranks_do_not_divide_says_how_it_is_priced(tmp_path):
                               kv_heads="", vocab="", num_gpus="96", tp="1", pp="1", dp="96", global_batch="960",
                               micro_batch="1", framework="megatron-core"))
     assert not [a for a in even["assumed"] if "not a multiple" in a]
+
+
+def test_a_row_giving_dp_but_neither_tp_nor_pp_takes_the_fastest_split_of_their_product(tmp_path):
+    """Llama 3 70B on 64 H100 with dp 4: tp x pp = 16 (before, the blank tp was the row's error). Each split is a
+    case of its own, read as if the row gave it; the prediction is the fastest that fits."""
+    from costmodel.validate import product_splits
+
+    row = dict(ROW, model_name="Llama 3 70B", params_b="70", layers="80", hidden="8192", ffn_hidden="28672",
+               heads="64", kv_heads="8", vocab="128256", num_gpus="64", tp="", pp="", dp="4", global_batch="128",
+               framework="megatron-core")
+    assert product_splits(row) == [(1, 16), (2, 8), (4, 4), (8, 2)]
+    case = _case(tmp_path, **row)
+    assert [(c.plan.tp, c.plan.pp) for c in case.alternatives] == [(1, 16), (2, 8), (4, 4), (8, 2)]
+    got = predict_case(case)
+    each = {(c.plan.tp, c.plan.pp): predict_case(c) for c in case.alternatives}
+    best = min((k for k, g in each.items() if g["fits"]), key=lambda k: each[k]["predicted_step_time_s"])
+    assert (got["plan"].tp, got["plan"].pp) == best and got["fits"]
+    assert got["predicted_step_time_s"] == each[best]["predicted_step_time_s"]
+    assert f"tp={best[0]}, pp={best[1]} (not published; tp x pp = 16 from num_gpus / (cp x dp), split the fastest " \
+        "way that fits)" in got["assumed"]
+    # A row giving one of them, or neither and no dp, is read as before.
+    assert product_splits({**row, "tp": "8"}) == [] and product_splits({**row, "dp": ""}) == []
+    assert product_splits({**row, "dp": "64"}) == []                  # tp x pp = 1
+    assert product_splits({**row, "dp": "5"}) == []                   # 64 GPUs do not divide
+
+
+def test_the_shared_runs_with_tp_and_pp_blanked_are_read_back_to_their_published_split(tmp_path):
+    """Over the shared CSV's scored rows with tp and pp blanked (dp kept), the fastest split that fits is the
+    published one for most rows and the error stays near the published layouts' (7.61%)."""
+    import csv
+    import statistics
+    from pathlib import Path
+
+    from costmodel.validate import validate
+
+    src = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
+    with src.open() as f:
+        rows = list(csv.DictReader(f))
+    out = validate(write_rows(tmp_path / "blank.csv", [dict(r, tp="", pp="") for r in rows]))
+    scored = [r for r in out["rows"] if r["ape"] is not None]
+    assert len(scored) == 342 and not [r for r in out["rows"] if r["error"]]
+    assert statistics.mean(r["ape"] for r in scored) < 8.0
+    split = [r for r in scored if int(rows[r["row"]]["tp"]) * int(rows[r["row"]]["pp"]) > 1]
+    same = [r for r in split if any(a.startswith(f"tp={rows[r['row']]['tp']}, pp={rows[r['row']]['pp']} (not published")
+                                    for a in r["assumed"])]
+    assert len(split) == 232 and len(same) >= 180

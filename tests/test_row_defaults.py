@@ -98,7 +98,8 @@ def test_a_blank_parallel_degree_is_filled_from_the_gpu_count_or_taken_as_none(t
 def test_unpublished_degrees_that_cannot_hold_the_run_are_the_fastest_layout_that_fits(tmp_path):
     """NeMo's long-context tables give no TP / PP for their runs without context parallelism: Llama 2 7B at
     262,144 tokens on 256 H100 cannot hold one sequence on a GPU (tp 1, pp 1), so the run had some: the fastest
-    layout that fits. Where tp 1, pp 1 fits (the 405B at 8,192 GPUs pp 16 is the row's own), it stays."""
+    layout that fits. A megatron-core or Megatron-LM 2021 row takes the fastest layout that fits even where tp 1,
+    pp 1 fits (TUNED_DEGREES); another stack keeps tp 1, pp 1 where it fits."""
     row = dict(model_name="LLAMA2-7B long-context (no CP)", params_b="7", layers="32", hidden="4096",
                ffn_hidden="11008", heads="32", kv_heads="32", vocab="32000", seq_len="262144", num_gpus="256",
                tp="", pp="", cp="1", dp="", global_batch="16", micro_batch="", framework="megatron-core",
@@ -107,12 +108,19 @@ def test_unpublished_degrees_that_cannot_hold_the_run_are_the_fastest_layout_tha
     assert case.open_degrees == ("tp", "pp") and (case.plan.tp, case.plan.pp) == (1, 1)
     out = predict_case(case)
     assert out["fits"] and out["plan"].tp * out["plan"].pp > 1
-    assert f"tp={out['plan'].tp}, pp={out['plan'].pp} (not published; 1 does not fit: the fastest that fits)" \
-        in out["assumed"]
+    q = out["plan"]
+    assert f"tp={q.tp}, pp={q.pp}, dp={q.dp} (not published; the fastest layout that fits: a Megatron run's degrees " \
+        "are tuned)" in out["assumed"]
     assert "tp=1, pp=1 (not published)" not in out["assumed"]
-    # A row that fits as read keeps it.
+    # A megatron-core row that fits as read takes the fastest layout too, tp 1 and pp 1 among them (here it is).
     small = _case(tmp_path, **{**row, "seq_len": "4096", "global_batch": "512"})
     assert predict_case(small)["plan"].tp == 1 and predict_case(small)["plan"].pp == 1
+    # A stack without Megatron's degrees keeps tp 1, pp 1 where that fits, and says 1 does not fit where not.
+    other = predict_case(_case(tmp_path, **{**row, "framework": "torchtitan"}))
+    assert f"tp={other['plan'].tp}, pp={other['plan'].pp} (not published; 1 does not fit: the fastest that fits)" \
+        in other["assumed"]
+    assert [(p.tp, p.pp) for p in [predict_case(_case(tmp_path, **{**row, "framework": "torchtitan", "seq_len": "4096",
+                                                                    "global_batch": "512"}))["plan"]]] == [(1, 1)]
     # A row giving its degrees has none open.
     assert _case(tmp_path).open_degrees == ()
 
@@ -789,3 +797,25 @@ def test_the_shared_runs_with_tp_and_pp_blanked_are_read_back_to_their_published
     same = [r for r in split if any(a.startswith(f"tp={rows[r['row']]['tp']}, pp={rows[r['row']]['pp']} (not published")
                                     for a in r["assumed"])]
     assert len(split) == 232 and len(same) >= 180
+
+
+def test_the_shared_runs_with_no_degree_published_take_the_fastest_megatron_layout(tmp_path):
+    """With tp, pp and dp all blanked in the shared CSV, a Megatron row (megatron-core, Megatron-LM 2021) takes the
+    fastest layout that fits: read as tp 1, pp 1 first (a stack without them), those rows were 88.5% (Megatron-LM
+    2021) and 33.6% (megatron-core) off; the 2020 stack and Paxml keep that reading."""
+    import csv
+    import statistics
+    from pathlib import Path
+
+    from costmodel.validate import validate
+
+    src = Path(__file__).resolve().parent.parent / "data" / "validation" / "published_runs.csv"
+    with src.open() as f:
+        rows = list(csv.DictReader(f))
+    out = validate(write_rows(tmp_path / "blank.csv", [dict(r, tp="", pp="", dp="") for r in rows]))
+    scored = [r for r in out["rows"] if r["ape"] is not None]
+    assert len(scored) == 342 and all(r["fits"] for r in scored)
+    by_stack = {}
+    for r in scored:
+        by_stack.setdefault(rows[r["row"]]["framework"], []).append(r["ape"])
+    assert statistics.mean(by_stack["megatron-lm-2021"]) < 15 and statistics.mean(by_stack["megatron-core"]) < 27

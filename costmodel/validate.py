@@ -1745,9 +1745,12 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
                          "predicted_peak_memory_bytes": None, "fits": None, "error": _row_error(exc), "ape": None})
             continue
         ok = math.isfinite(pred["predicted_step_time_s"])
-        pred.update(interval_fields(c, pred.pop("plan"), pred["predicted_step_time_s"], prof))
+        plan = pred.pop("plan")
+        pred.update(interval_fields(c, plan, pred["predicted_step_time_s"], prof))
+        # A row read several ways (Case.alternatives) is the way predicted.
+        feats = case_features(replace(c, plan=plan) if c.alternatives else c)
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                     "model_name": c.model.name, **case_features(c), **pred, "published_step_time_s": published,
+                     "model_name": c.model.name, **feats, **pred, "published_step_time_s": published,
                      "error": None if ok else "non-finite prediction",
                      "ape": abs_percent_error(pred["predicted_step_time_s"], published)
                      if ok and published is not None else None})

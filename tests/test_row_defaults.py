@@ -797,6 +797,8 @@ def test_the_shared_runs_with_tp_and_pp_blanked_are_read_back_to_their_published
     same = [r for r in split if any(a.startswith(f"tp={rows[r['row']]['tp']}, pp={rows[r['row']]['pp']} (not published")
                                     for a in r["assumed"])]
     assert len(split) == 232 and len(same) >= 180
+    # The row reports the split predicted, not the first one read.
+    assert all(r["pp"] == int(rows[r["row"]]["pp"]) for r in same)
 
 
 def test_the_shared_runs_with_no_degree_published_take_the_fastest_megatron_layout(tmp_path):

@@ -1220,13 +1220,15 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
         try:
             # Numbers as tables print them, before and after the catalog fills a blank seq_len (a batch in tokens).
             row = normalise_numbers(fill_from_catalog(normalise_numbers(row, assumed), assumed), assumed)
-            alternatives = []
-            for tp, pp in product_splits(row):
+            splits, alternatives, fault = product_splits(row), [], None
+            for tp, pp in splits:
                 try:
                     alternatives.append(_case_of(i, {**row, "tp": str(tp), "pp": str(pp)}, list(assumed), unpublished,
                                                  ()))
-                except (InputError, ValueError):   # a split the model cannot take (rules, layers)
-                    continue
+                except (InputError, ValueError) as exc:   # a split the model cannot take (rules, layers), or the row
+                    fault = fault or exc                    # itself (said below where no split can be read)
+            if splits and not alternatives:
+                raise fault
             if alternatives:
                 cases.append(replace(alternatives[0], alternatives=tuple(alternatives)))
                 continue

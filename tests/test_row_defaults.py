@@ -821,3 +821,14 @@ def test_the_shared_runs_with_no_degree_published_take_the_fastest_megatron_layo
     for r in scored:
         by_stack.setdefault(rows[r["row"]]["framework"], []).append(r["ape"])
     assert statistics.mean(by_stack["megatron-lm-2021"]) < 15 and statistics.mean(by_stack["megatron-core"]) < 27
+
+
+def test_a_row_none_of_whose_tp_x_pp_splits_can_be_read_says_what_is_wrong_with_it(tmp_path):
+    """Where every split fails for the row's own fault (here its GPU), the error names that, not the blank tp."""
+    from costmodel.validate import load_cases as read
+
+    row = dict(ROW, model_name="Llama 3 70B", params_b="70", layers="80", hidden="8192", ffn_hidden="28672",
+               heads="64", kv_heads="8", vocab="128256", num_gpus="64", tp="", pp="", dp="4", global_batch="128",
+               framework="megatron-core", gpu_type="MI300X")
+    cases, errors = read(write_rows(tmp_path / "runs.csv", [row]))
+    assert not cases and "unknown GPU type 'MI300X'" in errors[0]["error"] and "column 'tp'" not in errors[0]["error"]

@@ -793,7 +793,7 @@ def sequence_parallel_named(text: str, framework: str) -> bool | None:
         value = (m.group(1) or "")
         if m.group(0).startswith("sp") and not value:
             continue
-        if value in _NO or value in ("none",) or re.search(r"(?:\bno|\bw/o|\bwithout|\bnot)\s*$", t[:m.start()]):
+        if value in (*_NO, "none") or re.search(r"(?:\bno|\bw/o|\bwithout|\bnot)\s*$", t[:m.start()]):
             return False
         return True
     return None
@@ -1227,9 +1227,9 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
                                                  ()))
                 except (InputError, ValueError) as exc:   # a split the model cannot take (rules, layers), or the row
                     fault = fault or exc                    # itself (said below where no split can be read)
-            if splits and not alternatives:
-                raise fault
-            if alternatives:
+            if splits:
+                if not alternatives:
+                    raise fault
                 cases.append(replace(alternatives[0], alternatives=tuple(alternatives)))
                 continue
             open_degrees = _open_degrees(row)
@@ -1643,21 +1643,26 @@ def _memory_efficient_reading(case: Case, profile: HardwareProfile | None, offlo
     kernel (and sequence parallelism where the row leaves it open)."""
     sp_open = "sequence_parallel=False" in case.assumed and case.plan.tp > 1
     rest = [a for a in case.assumed if a != "sequence_parallel=False"]
+    sp = case.plan.sequence_parallel or sp_open
+    fused_note = (f"framework=other (the published layout fits only with memory-efficient attention"
+                  f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
     if sp_open and case.recompute_known and case.plan.recompute == "full":
         partitioned = replace(case, plan=case.plan.model_copy(update={"sequence_parallel": True}), assumed=rest)
         got = predict_case(partitioned, profile, offload_fallback)
-        if got["fits"] and got["plan"].framework == "other-2022":
+        if not got["fits"]:
+            return None   # its own fallback read it with memory-efficient attention: the reading below, not fitting
+        if got["plan"].framework == "other-2022":
             got["assumed"].append("sequence_parallel=True (the published layout fits only with its activation "
                                   "checkpoints partitioned over the tensor-parallel ranks, as DeepSpeed's "
                                   "partition_activations keeps them)")
-            return got
-    sp = case.plan.sequence_parallel or sp_open
+        else:   # it fits as that fallback read it, the reading below: said as below
+            got["assumed"][-1] = fused_note
+        return got
     fused = replace(case, plan=case.plan.model_copy(update={"framework": "other", "sequence_parallel": sp}),
                     assumed=rest)
     got = predict_case(fused, profile, offload_fallback)
     if got["fits"]:
-        got["assumed"].append(f"framework=other (the published layout fits only with memory-efficient attention"
-                              f"{' and sequence parallelism' if sp != case.plan.sequence_parallel else ''})")
+        got["assumed"].append(fused_note)
         return got
     return None
 

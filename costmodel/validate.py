@@ -629,10 +629,23 @@ _VAGUE_PRECISION = ("unknown", "n/a", "na", "-", "mixed", "mixed precision", "mi
 
 
 # Training formats as precision columns spell them, the narrowest first (a column naming NVFP4 and MXFP8 names
-# the NVFP4 recipe).
-_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"), (r"fp8|float8|e4m3|e5m2", "fp8"),
+# the NVFP4 recipe). MXFP4 runs on the same FP4 tensor cores as NVFP4 and MXFP6 at the FP8 rate (NVIDIA Blackwell
+# datasheet: FP6 and FP8 share one rate), so they are priced as those; an 8-bit integer recipe at the 8-bit
+# (FP8) tensor-core rate. PyTorch Lightning's precision flags (NeMo's trainer.precision) name the width alone:
+# '16-mixed' / '16' is fp16, '32' / '32-true' fp32.
+_FORMATS = ((r"nvfp4|(?<![a-z])fp4|mx-?fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx|mx-?fp6|(?<![a-z])fp6", "mxfp8"),
+            (r"fp8|float8|e4m3|e5m2|int8|(?<![a-z0-9])8-?bit", "fp8"),
             (r"bf16|bfloat16", "bf16"),
-            (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])", "fp16"))
+            (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])|^16(-mixed|-true)?(-|$)",
+             "fp16"),
+            (r"^32(-true)?$|^float32$", "fp32"))
+# Why a format with no price of its own is priced as another (said with the reading).
+_PRICED_AS = ((r"mx-?fp4", ": the FP4 tensor cores NVFP4 runs on"), (r"fp6", ": the FP8 tensor-core rate FP6 runs at"),
+              (r"int8|8-?bit", ": the 8-bit tensor-core rate"))
+# The formats a model name or notes name where the precision column is blank: the training formats alone (notes
+# also mention 8-bit optimizers and int8 gradient compression, which say nothing of the GEMMs).
+_NAMED_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"), (r"fp8|float8|e4m3|e5m2", "fp8"),
+                  (r"bf16|bfloat16", "bf16"))
 
 
 def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
@@ -647,7 +660,7 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     key = text.lower()
     if not key:
         t = re.sub(r"[\s_]+", "-", context.lower())
-        named = next((name for pattern, name in _FORMATS[:4] if re.search(pattern, t)), None)
+        named = next((name for pattern, name in _NAMED_FORMATS if re.search(pattern, t)), None)
         if named is None and re.search(r"(?<![a-z])fp16|float16", t):
             named = "fp16"
         assumed.append(f"precision={named} (the precision column is blank; the name or notes say so)" if named
@@ -661,7 +674,8 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     t = re.sub(r"[\s_]+", "-", key)
     for pattern, name in _FORMATS:
         if re.search(pattern, t):
-            assumed.append(f"precision={name} (from {text!r})")
+            why = next((w for p, w in _PRICED_AS if re.search(p, t)), "")
+            assumed.append(f"precision={name} (from {text!r}{why})")
             return name
     return text
 

@@ -206,12 +206,21 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
     for text, want in {"FP8 (delayed scaling)": "fp8", "FP8-hybrid": "fp8", "fp8_e4m3": "fp8",
                        "fp8-blockwise": "fp8", "FP8 current scaling": "fp8", "fp8-mx": "mxfp8",
                        "bf16 mixed": "bf16", "bfloat16": "bf16", "AMP fp16": "fp16", "float16": "fp16",
-                       "NV-FP4": "nvfp4", "fp4": "nvfp4"}.items():
+                       "NV-FP4": "nvfp4", "fp4": "nvfp4", "16-mixed": "fp16", "16": "fp16", "32-true": "fp32",
+                       "bf16-true": "bf16"}.items():
         said: list[str] = []
         assert precision_of(text, said) == want and said == [f"precision={want} (from {text.strip()!r})"], text
     said = []
     assert precision_of("fp8-cs", said) == "fp8-cs" and precision_of(" MXFP8", said) == "mxfp8" and said == []
     assert precision_of("tf32", said) == "tf32"                          # left for ModelSpec to refuse
+    # Formats without a price of their own take the tensor-core rate they run at, and say so.
+    for text, want, why in (("MXFP4", "nvfp4", "FP4 tensor cores"), ("mxfp6", "mxfp8", "FP8 tensor-core rate"),
+                            ("INT8 (SwitchBack)", "fp8", "8-bit tensor-core rate"), ("8-bit", "fp8", "8-bit")):
+        said = []
+        assert precision_of(text, said) == want and why in said[0] and said[0].startswith(f"precision={want} "), text
+    # Notes that mention an 8-bit optimizer or int8 gradient compression say nothing of the GEMMs.
+    said = []
+    assert precision_of("", said, "8-bit Adam, int8 gradient all-reduce") == "bf16" and said == ["precision=bf16"]
     for text, want in {"yes": "full", "true": "full", "activation checkpointing": "full", "full (uniform, 1 layer)":
                        "full", "block": "full", "selective (core attn)": "selective", "Selective".lower(): "selective",
                        "no": "none", "off": "none", "false": "none", "unknown": "unknown", "": "",

@@ -188,7 +188,8 @@ def test_other_products_do_not_resolve(spelling):
     ("a3-megagpu-8g", "H100"), ("Standard_ND96isr_H200_v5", "H200"), ("a4x-highgpu-4g", "GB200"),
     ("GH200 480GB", "GH200-96GB"), ("GH200 624GB", "GH200"), ("A100 80GB (x8)", "A100-80GB"),
     ("Hopper H100", "H100"), ("NVIDIA Blackwell B200", "B200"), ("Blackwell Ultra GB300", "GB300"),
-    ("Ampere A100 40GB", "A100-40GB")])
+    ("Ampere A100 40GB", "A100-40GB"), ("Grace Blackwell GB200", "GB200"), ("GH200 Grace Hopper Superchip", "GH200"),
+    ("DGX SuperPOD H100", "H100")])
 def test_system_descriptions_resolve_to_their_gpu(description, name):
     """A GPU named inside a system description: bracketed remarks, GPU counts and cloud instance types."""
     assert load_profile(description).name == name

@@ -146,6 +146,8 @@ class Case:
     (sharding_fallbacks) only where nothing else the row leaves open makes the layout fit."""
 
 
+# Marks a table puts after a number to point at a footnote.
+_FOOTNOTE_MARKS = "*\u2020\u2021\u00a7"
 # How a numeric column says "not published" (read as blank).
 _ABSENT = ("unknown", "n/a", "na", "-", "none", "null")
 
@@ -192,7 +194,17 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
         raw = (row.get(col) or "").strip()
         if not raw or _num(raw) is not None:
             continue
+        bare = raw.rstrip(_FOOTNOTE_MARKS).strip()
+        if bare != raw and (_num(bare) is not None or _GROUPED.fullmatch(bare)):
+            # A footnote mark after the number ("1*", "8†"): the number.
+            out[col] = bare.replace(",", "")
+            assumed.append(f"{col}={out[col]} (from {raw!r}: the mark is a footnote)")
+            continue
         text = _GROUPED.sub(lambda m: m.group(0).replace(",", ""), raw)
+        # A multiple with its unit ("2K tokens", "16K GPUs"): the multiple alone (a global batch in tokens below).
+        if col != "global_batch" and re.fullmatch(r"\S+\s+(tok(en)?s?|seq(uence)?s?|gpus?)\.?", text, re.I) \
+                and _MULTIPLE.fullmatch(text.split()[0]):
+            text = text.split()[0]
         # Tokens when the word follows the first number ("4M tokens"), not in a note after it ("2048 (4M tokens)").
         tokens = col == "global_batch" and re.match(r"\S+\s*tok(en)?s?\b", text, re.I)
         m = _MULTIPLE.fullmatch(text.split()[0]) if text.split() else None
@@ -257,8 +269,12 @@ def _annotated_counts(row: dict, assumed: list[str]) -> dict:
             rest = re.sub(r"\(.*?\)", "", text[m.end(1):]) if m else ""
             # The vp column's number after its word: "interleaved (2)", "virtual stages: 2".
             worded = _VIRTUAL_CELL.fullmatch(text) if col == "vp" and not m else None
+            # A degree after the word for its kind: "ring (2)", "ulysses (4)", "a2a: 8".
+            kind = None if m or worded else re.fullmatch(r"[a-z][\w-]*\s*(?:\((\d+)\)|[=:]\s*(\d+))", text, re.I)
             if worded:
                 x = int(worded.group(1))
+            elif kind:
+                x = int(kind.group(1) or kind.group(2))
             elif not m or _MULTIPLE.match(text) or (re.search(r"\d", rest)
                                                     and not (col == "pp" and _VIRTUAL.search(rest))):
                 continue

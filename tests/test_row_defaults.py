@@ -546,13 +546,16 @@ def test_a_figure_with_a_unit_that_gives_no_step_time_stays_an_error(tmp_path, u
     (dict(global_batch="16Mi tokens"), "global_batch", 2048), (dict(num_gpus="1024 nodes"), "num_gpus", 8192),
     (dict(num_gpus="1024x8"), "num_gpus", 8192), (dict(num_gpus="8,192 (1,024 nodes)"), "num_gpus", 8192),
     (dict(dp="auto"), "dp", 64), (dict(pp="16, vpp 4"), "vpp", 4), (dict(num_gpus="1024 x 8 GPUs"), "num_gpus", 8192), (dict(cp="\u2014"), "cp", 1), (dict(gpus_per_node="8 GPUs"), "num_gpus", 8192),
-    (dict(vp="interleaved (2)"), "vpp", 2), (dict(vp="virtual stages: 4"), "vpp", 4)])
+    (dict(vp="interleaved (2)"), "vpp", 2), (dict(vp="virtual stages: 4"), "vpp", 4), (dict(cp="ring (2)"), "cp", 2),
+    (dict(cp="ulysses: 2"), "cp", 2), (dict(tp="4*"), "tp", 4), (dict(num_gpus="8,192\u2020"), "num_gpus", 8192),
+    (dict(seq_len="8K tokens", global_batch="2048"), "seq_len", 8192)])
 def test_a_count_written_with_words_around_it(tmp_path, upd, field, want):
     case = _case(tmp_path, **upd)
-    got = case.cluster.num_gpus if field == "num_gpus" else getattr(case.plan, field)
+    got = case.cluster.num_gpus if field == "num_gpus" else case.model.seq_len if field == "seq_len" \
+        else getattr(case.plan, field)
     assert got == want, case.assumed
     raw = next(iter(upd.values()))
-    assert any(f"(from {raw!r})" in note or f"(from pp {raw!r})" in note for note in case.assumed), case.assumed
+    assert any(f"(from {raw!r}" in note or f"(from pp {raw!r})" in note for note in case.assumed), case.assumed
 
 
 @pytest.mark.parametrize("raw", ["10 s/iter", "~10", "about 10 seconds", "10,000 ms per step", "10s per iteration"])

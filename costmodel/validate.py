@@ -282,6 +282,11 @@ def _annotated_counts(row: dict, assumed: list[str]) -> dict:
                 x = int(m.group(1))
         out[col] = str(x)
         assumed.append(f"{col}={x} (from {raw!r})")
+        said_sp = col == "tp" and re.search(r"(?<![a-z])(sp|seq(uence)?[- ]?par(allel(ism)?)?)(?![a-z])", text, re.I)
+        if said_sp and not (row.get("sp") or "").strip():
+            # "8 (SP)", "4 + sequence parallel": the tp cell says sequence parallelism ran.
+            out["sp"] = "true"
+            assumed.append(f"sp=true (from tp {raw!r})")
         virtual = _VIRTUAL.search(text) if col == "pp" else None
         if virtual and _num(row.get("vp", "")) is None:
             out["vp"] = virtual.group(1)

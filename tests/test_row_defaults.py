@@ -558,6 +558,17 @@ def test_a_count_written_with_words_around_it(tmp_path, upd, field, want):
     assert any(f"(from {raw!r}" in note or f"(from pp {raw!r})" in note for note in case.assumed), case.assumed
 
 
+def test_a_tp_cell_that_says_sequence_parallelism_sets_a_blank_sp(tmp_path):
+    # Megatron-LM 2021 ran tp without sequence parallelism unless a row says otherwise.
+    assert not _case(tmp_path, tp="8", sp="", framework="megatron-lm-2021").plan.sequence_parallel
+    on = _case(tmp_path, tp="8 (SP)", sp="", framework="megatron-lm-2021")
+    assert on.plan.sequence_parallel and "sp=true (from tp '8 (SP)')" in on.assumed
+    # A given sp column decides; a tp cell without the words leaves the row's own reading.
+    off = _case(tmp_path, tp="8 (SP)", sp="false")
+    assert not off.plan.sequence_parallel and not any(a.startswith("sp=true") for a in off.assumed)
+    assert not any(a.startswith("sp=true (from tp") for a in _case(tmp_path, tp="8-way", sp="").assumed)
+
+
 @pytest.mark.parametrize("raw", ["10 s/iter", "~10", "about 10 seconds", "10,000 ms per step", "10s per iteration"])
 def test_an_approximate_or_per_iteration_step_time(tmp_path, raw):
     assert _case(tmp_path, step_time_s=raw).published_step_time_s == pytest.approx(10.0)

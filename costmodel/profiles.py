@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.specs import ClusterSpec, FrozenSpec
+from costmodel.specs import ClusterSpec, FrozenSpec, InterNodeFabric
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
@@ -638,16 +638,81 @@ def gpu_nvlink_domain(cluster: ClusterSpec, prof: HardwareProfile) -> ClusterSpe
     return cluster
 
 
+def server_gpus(profile: HardwareProfile) -> int:
+    """GPUs of the server a GPU type comes in where nothing says: its NVLink domain up to 8 (HGX / DGX boards),
+    the 4-GPU tray of an NVL rack."""
+    if profile.nvlink_domain_gpus > 16:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain (not DGX-2's 16)
+        return 4
+    return min(profile.nvlink_domain_gpus, 8)
+
+
+def cluster_of(name: str, profile: HardwareProfile, num_gpus: int, gpus_per_node: int | None = None) -> ClusterSpec:
+    """``num_gpus`` GPUs of ``profile`` in the servers they come in (``gpus_per_node`` where given; an NVL rack's
+    4-GPU trays whatever is given), joined by the profile's NIC rate per GPU on a full-bisection rail-optimised
+    fabric: the cluster a published run or a GPU-and-count name (``h100x1024``) describes."""
+    given = gpus_per_node
+    gpn = server_gpus(profile) if profile.nvlink_domain_gpus > 16 or not given else given
+    # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own NVLink
+    # domain: the next node is reached over the network.
+    domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
+        max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
+    nodes = max(1, math.ceil(num_gpus / gpn))
+    # PCIe boards bridged in pairs or fours: a node of several NVLink domains.
+    return gpu_nvlink_domain(ClusterSpec(
+        name=name, gpu=profile.name, nodes=nodes, gpus_per_node=gpn, nvlink_domain_gpus=domain,
+        inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=profile.nic_bandwidth_bytes_per_s.value)), profile)
+
+
+# A cluster named by its GPU and count where no file has the name: "h100x1024", "GB200x72", "1024xH100".
+_GPU_COUNT = (re.compile(r"(?P<gpu>.*?[a-z].*?)\s*[x\u00d7]\s*(?P<n>\d+)", re.I),
+              re.compile(r"(?P<n>\d+)\s*[x\u00d7]\s*(?P<gpu>.*?[a-z].*)", re.I))
+
+
+def _named_cluster(name: str) -> tuple[ClusterSpec | None, str]:
+    """The cluster a GPU-and-count name describes (:func:`cluster_of`: the GPU's servers and NIC rate, full
+    bisection, no price), or None and why not ('' where the name is no such pair)."""
+    why = ""
+    for pattern in _GPU_COUNT:
+        m = pattern.fullmatch(name.strip())
+        if not m:
+            continue
+        system = re.search(r"nvl\d+|dgx|hgx|superpod|rack|pod|node", m.group("gpu"), re.I)
+        if system:
+            # gb200-nvl72x8 (shipped) is 8 racks, v100-dgx2x64 64 GPUs: a system's count is no GPU count.
+            raise InputError(f"{name}: a count of GPUs or of {system.group(0)} systems? Name the GPU and its count "
+                             f"(gb200x576) or write a cluster file")
+        try:
+            prof = load_profile(m.group("gpu"))
+        except InputError as err:
+            why = why or f"{m.group('gpu')!r} is no GPU profile ({err})"
+            continue
+        n = int(m.group("n"))
+        if n < 1:
+            raise InputError(f"{name}: a cluster needs at least 1 GPU; got {n}")
+        gpn = server_gpus(prof)
+        if n > gpn and n % gpn:
+            raise InputError(f"{name}: {n} {prof.name} do not fill servers of {gpn}; name a multiple of {gpn} "
+                             f"(or write a cluster file: hardware_profiles/clusters/h100x512.yaml is one)")
+        return cluster_of(name.strip(), prof, n, min(n, gpn)), ""
+    return None, why
+
+
 def load_cluster(path: str | Path) -> ClusterSpec:
-    """A cluster YAML by path (or by name of a shipped file in hardware_profiles/clusters/)."""
+    """A cluster YAML by path (or by name of a shipped file in hardware_profiles/clusters/), or, where no file
+    has the name, the cluster a GPU-and-count name describes ("h100x1024": :func:`cluster_of`)."""
     p = Path(path)
     if not p.exists():
         shipped = PROFILE_DIR / "clusters" / (p.name if p.suffix else f"{p.name}.yaml")
         if shipped.exists():
             p = shipped
         else:
+            named, why = (None, "") if p.suffix in (".yaml", ".yml") or len(p.parts) > 1 else \
+                _named_cluster(str(path))
+            if named is not None:
+                return named
             names = sorted(x.name for x in (PROFILE_DIR / "clusters").glob("*.yaml"))
-            raise InputError(f"{path}: cluster file not found; shipped clusters: {', '.join(names)}")
+            raise InputError(f"{path}: cluster file not found{f', and {why}' if why else ''}; shipped clusters: "
+                             f"{', '.join(names)}; or a GPU and its count (h100x1024)")
     data = _read_yaml(p)
     data.setdefault("name", p.stem)
     _resolve_profile_path(data, p)

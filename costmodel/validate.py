@@ -23,7 +23,7 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
-from costmodel.profiles import HardwareProfile, InputError, gpu_nvlink_domain, load_profile, read_text
+from costmodel.profiles import HardwareProfile, InputError, cluster_of, load_profile, read_text, server_gpus
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
 
@@ -701,28 +701,9 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     return text
 
 
-def server_gpus(profile: HardwareProfile) -> int:
-    """GPUs of the server a row's GPU type comes in where the row does not say: its NVLink domain up to 8 (HGX /
-    DGX boards), the 4-GPU tray of an NVL rack."""
-    if profile.nvlink_domain_gpus > 16:  # NVL racks: 4-GPU trays inside a 72-GPU NVLink domain (not DGX-2's 16)
-        return 4
-    return min(profile.nvlink_domain_gpus, 8)
-
-
 def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
     num_gpus = _int(row["num_gpus"])
-    given = _int(row.get("gpus_per_node", ""))
-    gpn = server_gpus(profile) if profile.nvlink_domain_gpus > 16 or not given else given
-    # A node smaller than the profile's NVLink domain (4 A100 per node, Summit's 6 V100) is its own NVLink
-    # domain: the next node is reached over the network.
-    domain = given if given and given < profile.nvlink_domain_gpus <= 16 else \
-        max(gpn, min(profile.nvlink_domain_gpus, num_gpus))
-    nodes = max(1, math.ceil(num_gpus / gpn))
-    # PCIe boards bridged in pairs or fours: a node of several NVLink domains.
-    return gpu_nvlink_domain(ClusterSpec(
-        name=f"{row['gpu_type']}x{num_gpus}", gpu=profile.name, nodes=nodes, gpus_per_node=gpn,
-        nvlink_domain_gpus=domain,
-        inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=profile.nic_bandwidth_bytes_per_s.value)), profile)
+    return cluster_of(f"{row['gpu_type']}x{num_gpus}", profile, num_gpus, _int(row.get("gpus_per_node", "")))
 
 
 def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) -> tuple[ParallelPlan, bool]:

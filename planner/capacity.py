@@ -446,7 +446,7 @@ def capacity_scenarios(bases: list[Scenario], gpus: list[int] | None, min_gpus: 
     out = []
     for b in bases:
         if not search and not gpus:
-            out.append(replace(b, labels=(("gpus", b.cluster.num_gpus),)))
+            out.append(replace(b, labels=b.labels + (("gpus", b.cluster.num_gpus),)))
             continue
         sizes = gpus or size_range(b.cluster, min_gpus, max_gpus)
         out += [vary(b, "gpus", g) for g in sizes]

@@ -267,6 +267,18 @@ def test_capacity_json_several_gpu_types(capsys):
     assert all(0 < p["goodput"]["goodput"] < 1 for p in d["points"])
 
 
+def test_capacity_of_several_clusters_at_their_own_sizes_names_each(capsys):
+    """Each cluster's points carry the cluster they were sized from, in the JSON and the table's first column."""
+    args = ["capacity", "--model", "8b", "--tokens", "1T", "--cluster", "h100x512", "b200x1024"]
+    rc, out, _ = run_cli(capsys, args + ["--json"])
+    assert rc == 0
+    assert [p["varied"] for p in json.loads(out)["points"]] == [{"cluster": "h100x512", "gpus": 512},
+                                                                 {"cluster": "b200x1024", "gpus": 1024}]
+    rc, out, _ = run_cli(capsys, args)
+    rows = [line.split("\u2502")[1].strip() for line in out.splitlines() if "\u2502" in line]
+    assert rows == ["h100x512", "b200x1024"]
+
+
 def test_capacity_unmet_deadline_exit_1_with_closest(capsys, tmp_path):
     png = tmp_path / "c.png"
     rc, out, _ = run_cli(capsys, ["capacity", "--model", "70b", "--tokens", "15T", "--cluster", "h100x512",

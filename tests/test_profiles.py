@@ -788,3 +788,28 @@ def test_a_busbw_curve_point_no_collective_can_run_at_is_refused(points):
         BusBwCurve(collective="all_reduce", scope="intra", group_size=8, points=points, source="X")
     assert BusBwCurve(collective="all_reduce", scope="intra", group_size=8, points=((8.0, 1e9), (1024.0, 2e9)),
                       source="X").points[1] == (1024.0, 2e9)
+
+
+@pytest.mark.parametrize("name, gpu, nodes, per_node, domain", [
+    ("h100x1024", "H100", 128, 8, 8), ("1024xH100", "H100", 128, 8, 8), ("GB200 x 576", "GB200", 144, 4, 72),
+    ("a100x4", "A100-80GB", 1, 4, 4), ("H100 PCIe x 16", "H100-PCIe", 8, 2, 2)])
+def test_a_gpu_and_count_names_a_cluster_of_its_servers(name, gpu, nodes, per_node, domain):
+    """Where no cluster file has the name: the GPU's servers (an NVL rack's trays), its NIC rate, no price."""
+    from costmodel.profiles import load_cluster
+
+    cl = load_cluster(name)
+    prof = load_profile(gpu)
+    assert (cl.name, cl.gpu, cl.nodes, cl.gpus_per_node, cl.domain_gpus) == (name, gpu, nodes, per_node, domain)
+    assert cl.inter_node.nic_bandwidth_bytes_per_s == prof.nic_bandwidth_bytes_per_s.value
+    assert cl.price_per_gpu_hour_usd is None
+
+
+@pytest.mark.parametrize("name, message", [
+    ("h100x12", "do not fill servers of 8"), ("h100x0", "at least 1 GPU"),
+    ("gb200-nvl72x16", "a count of GPUs or of nvl72 systems"), ("mi300xx8", "'mi300x' is no GPU profile"),
+    ("nothere", "cluster file not found; shipped clusters"), ("missing.yaml", "cluster file not found")])
+def test_a_cluster_name_that_is_no_file_and_no_gpu_count_is_a_one_line_error(name, message):
+    from costmodel.profiles import load_cluster
+
+    with pytest.raises(InputError, match=message):
+        load_cluster(name)

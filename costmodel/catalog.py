@@ -91,9 +91,11 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              seq_len=8192, **_LLAMA, norm_epsilon=1e-5, rotary_base=500000.0),
     ),
     # Llama 3.1 70B: the Llama 3 70B shape; HF meta-llama/Llama-3.1-70B config.json adds the llama3
-    # rope_scaling of Llama 3.1 8B (factor 8, low 1, high 4, original 8192).
+    # rope_scaling of Llama 3.1 8B (factor 8, low 1, high 4, original 8192). Llama 3.3 70B is the same network
+    # (HF meta-llama/Llama-3.3-70B-Instruct config.json: the same shape, rope_theta and rope_scaling).
     "llama3.1-70b": (
-        ("llama-3.1-70b", "meta-llama/Llama-3.1-70B"),
+        ("llama-3.1-70b", "meta-llama/Llama-3.1-70B", "llama3.3-70b", "llama-3.3-70b",
+         "meta-llama/Llama-3.3-70B-Instruct"),
         dict(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, vocab=128256,
              seq_len=8192, **_LLAMA, norm_epsilon=1e-5, **_LLAMA31_ROPE),
     ),
@@ -127,6 +129,16 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         ("mixtral", "mixtral8x7b", "mistralai/Mixtral-8x7B-v0.1"),
         dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=32000,
              seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=14336, **_LLAMA, norm_epsilon=1e-5,
+             rotary_base=1000000.0, moe_router_score="softmax", moe_router_norm_topk=True),
+    ),
+    # Mixtral 8x22B (141B total / 39B active, Mistral AI 2024, "Cheaper, Better, Faster, Stronger" announcement).
+    # NeMo MixtralConfig8x22B (56 layers, 6144, ffn 16384, 48 heads, MixtralConfig's 8 query groups and
+    # rotary_base 1e6, 8 experts top-2, seq_length 4096) / HF mistralai/Mixtral-8x22B-v0.1 config.json (the same,
+    # vocab_size 32000, rms_norm_eps 1e-05, max_position_embeddings 65536); router as Mixtral 8x7B's.
+    "mixtral-8x22b": (
+        ("mixtral8x22b", "mistralai/Mixtral-8x22B-v0.1"),
+        dict(layers=56, hidden=6144, ffn_hidden=16384, heads=48, kv_heads=8, vocab=32000,
+             seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=16384, **_LLAMA, norm_epsilon=1e-5,
              rotary_base=1000000.0, moe_router_score="softmax", moe_router_norm_topk=True),
     ),
     # DeepSeek-V3 (671B total / 37B active). DeepSeek-AI 2024, "DeepSeek-V3 Technical
@@ -177,6 +189,26 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         dict(layers=94, hidden=4096, ffn_hidden=12288, heads=64, kv_heads=4, head_dim=128,
              vocab=151936, seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=1536, **_LLAMA,
              norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0, moe_router_norm_topk=True),
+    ),
+    # Qwen3 dense models. "Qwen3 Technical Report", Table 1 (Qwen3-8B 36 layers, 32 Q / 8 KV heads; -14B 40, 40 / 8;
+    # -32B 64, 64 / 8; tie_embedding no) / HF Qwen/Qwen3-8B, Qwen/Qwen3-14B and Qwen/Qwen3-32B config.json (hidden
+    # 4096 / 5120 / 5120, intermediate 12288 / 17408 / 25600, head_dim 128, vocab 151936, rope_theta 1e6,
+    # rms_norm_eps 1e-06, attention_bias false, tie_word_embeddings false; modeling_qwen3.py: q_norm / k_norm per
+    # head). seq 4096 as the Qwen3 MoE entries (pretraining stages S1/S2).
+    "qwen3-8b": (
+        ("qwen3-8b-base", "Qwen/Qwen3-8B", "Qwen/Qwen3-8B-Base"),
+        dict(layers=36, hidden=4096, ffn_hidden=12288, heads=32, kv_heads=8, head_dim=128, vocab=151936,
+             seq_len=4096, **_LLAMA, norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0),
+    ),
+    "qwen3-14b": (
+        ("qwen3-14b-base", "Qwen/Qwen3-14B", "Qwen/Qwen3-14B-Base"),
+        dict(layers=40, hidden=5120, ffn_hidden=17408, heads=40, kv_heads=8, head_dim=128, vocab=151936,
+             seq_len=4096, **_LLAMA, norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0),
+    ),
+    "qwen3-32b": (
+        ("Qwen/Qwen3-32B",),
+        dict(layers=64, hidden=5120, ffn_hidden=25600, heads=64, kv_heads=8, head_dim=128, vocab=151936,
+             seq_len=4096, **_LLAMA, norm_epsilon=1e-6, qk_norm=True, rotary_base=1000000.0),
     ),
     # gpt-oss-120b. OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card" / HF
     # openai/gpt-oss-120b config.json (36 layers, 2880, 64 Q / 8 KV heads x 64, 128 experts

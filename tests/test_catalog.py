@@ -90,6 +90,10 @@ PUBLISHED_TOTAL = {
     "gpt-oss-120b": 116.83e9,
     "nemotron4-340b": 341e9,  # "340B": 9.4B embedding + 331.6B non-embedding
     "llama2-70b": 70e9,
+    "mixtral-8x22b": 141e9,   # Mistral AI's Mixtral 8x22B announcement: 141B total, 39B active
+    "qwen3-8b": 8.2e9,        # Qwen3 model cards: 8.2B, 14.8B, 32.8B
+    "qwen3-14b": 14.8e9,
+    "qwen3-32b": 32.8e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -99,6 +103,7 @@ PUBLISHED_ACTIVE = {
     "qwen3-30b-a3b": 3.3e9,
     "qwen3-235b-a22b": 22e9,
     "gpt-oss-120b": 5.13e9,  # the model card leaves the embedding lookup out of "active"
+    "mixtral-8x22b": 39e9,
 }
 
 
@@ -168,6 +173,10 @@ def test_spot_check_architectures():
         ("Qwen3-30B-A3B", "qwen3-30b-a3b"),
         ("gpt-oss-120b", "gpt-oss-120b"),
         ("Nemotron-4-340B", "nemotron4-340b"),
+        ("Mixtral-8x22B", "mixtral-8x22b"),
+        ("mistralai/Mixtral-8x22B-v0.1", "mixtral-8x22b"),
+        ("Qwen3-32B", "qwen3-32b"),
+        ("Llama-3.3-70B", "llama3.1-70b"),
     ],
 )
 def test_names_are_case_insensitive_with_aliases(alias, name):
@@ -399,3 +408,12 @@ def test_named_in_finds_catalog_models_by_a_family_alias_inside_a_longer_name():
     assert named_in("Meta-Llama-3-70B-Instruct") == ["70b"]
     # A bare size names no family: GPT-2 8B is not the catalog's 8b (Llama 3 8B).
     assert named_in("GPT-2 8B (8.67B)") == [] and named_in("175B") == []
+
+
+def test_a_longer_name_finds_the_larger_mixtral_not_the_family_alias():
+    """'mixtral' is 8x7B's family alias; a name that says 8x22B is 8x22B (the longest match first)."""
+    from costmodel.catalog import named_in
+
+    assert named_in("Mixtral 8x22B (MLPerf MoE)")[0] == "mixtral-8x22b"
+    assert named_in("Mixtral 8x7B")[0] == "mixtral-8x7b"
+

@@ -347,13 +347,30 @@ def get_model(
     p = Path(text).expanduser()
     if p.exists() or p.suffix == ".json":
         return from_hf_config(p, seq_len=seq_len, precision=precision)
-    name = _alias_table().get(_norm(text))
+    name = _alias_table().get(_norm(text)) or _alias_table().get(_norm(_variant_free(text)))
     if name is None:
         raise InputError(
             f"unknown model {text!r}; catalog: {', '.join(catalog_names())} "
             "(or pass the path of a Hugging Face config.json)"
         )
     return with_overrides(_catalog()[name], f"model {name!r}", seq_len, precision)
+
+
+# Words a release appends to a model's name that do not change its network: the Hugging Face organisation
+# ('meta-llama/'), the tuning ('-Instruct', '-Base', '-Chat', '-it'), the checkpoint format ('-hf', '-FP8', '-BF16'),
+# a version with a dot ('-v0.1') or a release date ('-2507').
+_VARIANT = re.compile(r"[-_. ]+(base|instruct|chat|hf|it|fp8|bf16|v\d+\.\d+|\d{4})$", re.I)
+
+
+def _variant_free(text: str) -> str:
+    """``text`` without its organisation prefix and trailing variant words (_VARIANT): 'Qwen/Qwen3-30B-A3B-Instruct-2507'
+    -> 'Qwen3-30B-A3B'."""
+    t = text.strip().rsplit("/", 1)[-1]
+    while True:
+        shorter = _VARIANT.sub("", t)
+        if shorter == t:
+            return t
+        t = shorter
 
 
 # Hugging Face import ------------------------------------------------------------------------

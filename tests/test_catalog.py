@@ -417,3 +417,17 @@ def test_a_longer_name_finds_the_larger_mixtral_not_the_family_alias():
     assert named_in("Mixtral 8x22B (MLPerf MoE)")[0] == "mixtral-8x22b"
     assert named_in("Mixtral 8x7B")[0] == "mixtral-8x7b"
 
+
+
+@pytest.mark.parametrize("name, want", [
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"), ("meta-llama/Llama-3.1-405B-Instruct", "405b"),
+    ("Llama-2-70b-chat-hf", "llama2-70b"), ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+    ("deepseek-ai/DeepSeek-V3-Base", "deepseek-v3"), ("Qwen3-32B-FP8", "qwen3-32b")])
+def test_a_release_variant_of_a_catalog_model_is_that_model(name, want):
+    """Tuning, checkpoint-format, version and date suffixes and the organisation prefix name the same network."""
+    assert get_model(name) == catalog()[want]
+
+
+def test_a_variant_suffix_does_not_shorten_a_name_into_another_model():
+    with pytest.raises(InputError, match="unknown model 'DeepSeek-V2-Lite-Chat'"):
+        get_model("DeepSeek-V2-Lite-Chat")          # not DeepSeek-V3, not any catalog model

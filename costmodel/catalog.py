@@ -39,6 +39,12 @@ GPT_OSS_UNEXPRESSED = (
     "router bias (the router's linear layer has a bias)",
     "attention sinks (a learned per-head logit in every attention softmax)",
 )
+# Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
+GROK_1_UNEXPRESSED = (
+    "attention logits soft-capped at 30 (30 tanh(x / 30)) and scaled by attn_output_multiplier 0.0884",
+    "an RMSNorm after attention and after the MoE block as well as before each (four per layer)",
+    "embedding and output multipliers (78.38 and 0.577)",
+)
 # DeepSeek-V3's fields (its entry below cites them); Kimi K2 is the same architecture with other sizes.
 _DEEPSEEK_V3 = dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
                     seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
@@ -140,6 +146,18 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         dict(layers=56, hidden=6144, ffn_hidden=16384, heads=48, kv_heads=8, vocab=32000,
              seq_len=4096, num_experts=8, moe_topk=2, moe_ffn_hidden=16384, **_LLAMA, norm_epsilon=1e-5,
              rotary_base=1000000.0, moe_router_score="softmax", moe_router_norm_topk=True),
+    ),
+    # Grok-1 (314B total; xAI 2024, "Open Release of Grok-1": 25% of the weights active on a token). xai-org/grok-1
+    # run.py (64 layers, emb_size 48 x 128 = 6144, 48 Q / 8 KV heads, key_size 128, widening_factor 8, 8 experts of
+    # which 2 selected, vocab 128 x 1024, sequence_len 8192) and model.py (ffn_size: int(8 x 6144) x 2 // 3 = 32768;
+    # the expert MLP gelu(linear(x)) x linear_v(x), a gated GELU; softmax router, the top-2 probabilities not
+    # renormalised; RMSNorm eps 1e-05; rotary base 1e4; no biases).
+    "grok-1": (
+        ("grok1", "grok-1-314b", "xai-org/grok-1"),
+        dict(layers=64, hidden=6144, ffn_hidden=32768, heads=48, kv_heads=8, head_dim=128, vocab=131072,
+             seq_len=8192, num_experts=8, moe_topk=2, moe_ffn_hidden=32768, **{**_LLAMA, "activation": "geglu"},
+             norm_epsilon=1e-5, rotary_base=10000.0, moe_router_score="softmax", moe_router_norm_topk=False,
+             unexpressed=GROK_1_UNEXPRESSED),
     ),
     # DeepSeek-V3 (671B total / 37B active). DeepSeek-AI 2024, "DeepSeek-V3 Technical
     # Report", section 4.2 / HF deepseek-ai/DeepSeek-V3 config.json (61 layers, 7168,

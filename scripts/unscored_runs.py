@@ -53,10 +53,9 @@ LONG_CONTEXT_SOURCE = "NEMO_LONGSEQ"
 # NeMo's vocabulary sizes in its FLOP formulas (nemo/collections/common/parts/perf_metrics_utils.py
 # LLM_VOCAB_SIZE_MAP), by the model family the row's name gives.
 NEMO_VOCAB = {"llama2": 32000, "llama3": 128256}
-# Grok-1 as xAI published it (github.com/xai-org/grok-1, run.py grok_1_model and model.py ffn_size), in the CSV's
-# columns; the name gives the gated MLP (costmodel.validate row_model).
-GROK1_COLUMNS = {"hidden": "6144", "heads": "48", "kv_heads": "8", "ffn_hidden": "32768", "vocab": "131072",
-                 "moe_experts": "8", "moe_topk": "2"}
+# Grok-1's widths come from the catalog's grok-1 (costmodel/catalog.py: xai-org/grok-1 run.py grok_1_model and
+# model.py ffn_size), which the CSV reader takes by the rows' name; the name gives the gated MLP
+# (costmodel.validate row_model).
 GROK1_MIN_GPUS = 32
 
 
@@ -99,8 +98,8 @@ def long_context_rows(rows: list[dict]) -> list[dict]:
 
 
 def grok1_rows(rows: list[dict]) -> list[dict]:
-    """The Grok-1 rows on GROK1_MIN_GPUS or more GPUs, with the published architecture's widths, as scored rows."""
-    return [{**r, **GROK1_COLUMNS, "scored": "true"} for r in rows
+    """The Grok-1 rows on GROK1_MIN_GPUS or more GPUs as scored rows (the catalog's grok-1 gives their widths)."""
+    return [{**r, "scored": "true"} for r in rows
             if r["model_name"].lower().startswith("grok-1") and r["step_time_s"].strip()
             and int(r["num_gpus"]) >= GROK1_MIN_GPUS]
 

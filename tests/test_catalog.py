@@ -94,6 +94,7 @@ PUBLISHED_TOTAL = {
     "qwen3-8b": 8.2e9,        # Qwen3 model cards: 8.2B, 14.8B, 32.8B
     "qwen3-14b": 14.8e9,
     "qwen3-32b": 32.8e9,
+    "grok-1": 314e9,          # xAI, "Open Release of Grok-1"
 }
 
 PUBLISHED_ACTIVE = {
@@ -177,6 +178,7 @@ def test_spot_check_architectures():
         ("mistralai/Mixtral-8x22B-v0.1", "mixtral-8x22b"),
         ("Qwen3-32B", "qwen3-32b"),
         ("Llama-3.3-70B", "llama3.1-70b"),
+        ("Grok-1 314B", "grok-1"),
     ],
 )
 def test_names_are_case_insensitive_with_aliases(alias, name):

@@ -1533,9 +1533,11 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
                               f"split the {'fastest way that fits' if fit else 'way needing the least memory: none fits'})")
         return got
     if case.open_degrees and case.plan.framework in TUNED_DEGREES:
-        got, fit = _fastest_of([with_degrees(case, case.plan)] + [
-            with_degrees(case, q) for q in degree_options(case.plan, case.model, case.cluster, case.open_degrees)],
-            profile, offload_fallback)
+        layouts = [case.plan] + degree_options(case.plan, case.model, case.cluster, case.open_degrees)
+        # A layout whose data parallelism does not divide the global batch is none the run used (megatron-core's
+        # calculator refuses it), where some layout's does.
+        whole = [q for q in layouts if q.global_batch % (q.dp * q.micro_batch) == 0]
+        got, fit = _fastest_of([with_degrees(case, q) for q in whole or layouts], profile, offload_fallback)
         q = got["plan"]
         got["assumed"] = [a for a in got["assumed"] if not (a.startswith(("tp=", "pp=")) and a.endswith("(not published)"))]
         got["assumed"].append(f"{', '.join(f'{c}={getattr(q, c)}' for c in case.open_degrees)}, dp={q.dp} (not published; "

@@ -125,6 +125,23 @@ def test_unpublished_degrees_that_cannot_hold_the_run_are_the_fastest_layout_tha
     assert _case(tmp_path).open_degrees == ()
 
 
+def test_unpublished_degrees_keep_the_whole_global_batch(tmp_path):
+    """The Megatron-LM paper's text run (GPT-3 175B on 1,024 A100 at batch 1,536, no degree published): dp 1,024
+    (tp 1, pp 1) does not divide the batch, so it is no layout the run used (megatron-core's calculator refuses
+    it); the fastest layout whose dp divides the batch is taken, and the whole batch is priced."""
+    row = dict(model_name="GPT-3 175B", params_b="175", layers="96", hidden="12288", ffn_hidden="49152",
+               heads="96", kv_heads="96", vocab="51200", seq_len="2048", gpu_type="A100-80GB", num_gpus="1024",
+               tp="", pp="", cp="", dp="", global_batch="1536", micro_batch="", framework="megatron-core",
+               precision="fp16")
+    out = predict_case(_case(tmp_path, **row))
+    q = out["plan"]
+    assert out["fits"] and 1536 % (q.dp * q.micro_batch) == 0 and q.tp * q.pp * q.dp == 1024
+    assert not any("is not a multiple of dp x micro_batch" in a for a in out["assumed"])
+    # A batch no dp of the GPUs divides keeps the row's own reading and says how it is priced.
+    odd = predict_case(_case(tmp_path, **{**row, "global_batch": "1537"}))
+    assert any("is not a multiple of dp x micro_batch" in a for a in odd["assumed"])
+
+
 def test_a_run_on_part_of_a_node_has_its_unpublished_interleaving_searched(tmp_path):
     # 4 of a node's 8 H100 (the cluster is the whole node): the interleavings are checked against the row's 4
     # GPUs, not the node's 8, which refused every one of them.
@@ -834,7 +851,7 @@ def test_the_shared_runs_with_no_degree_published_take_the_fastest_megatron_layo
     by_stack = {}
     for r in scored:
         by_stack.setdefault(rows[r["row"]]["framework"], []).append(r["ape"])
-    assert statistics.mean(by_stack["megatron-lm-2021"]) < 15 and statistics.mean(by_stack["megatron-core"]) < 27
+    assert statistics.mean(by_stack["megatron-lm-2021"]) < 15 and statistics.mean(by_stack["megatron-core"]) < 26
 
 
 def test_a_row_none_of_whose_tp_x_pp_splits_can_be_read_says_what_is_wrong_with_it(tmp_path):

@@ -80,6 +80,22 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=128256,
              seq_len=8192, **_LLAMA, norm_epsilon=1e-5, **_LLAMA31_ROPE),
     ),
+    # Llama 3.2 1B and 3B (Meta 2024, "Llama 3.2" model card: 1.23B and 3.21B) / HF meta-llama/Llama-3.2-1B and
+    # meta-llama/Llama-3.2-3B config.json (16 / 28 layers, hidden 2048 / 3072, intermediate 8192, 32 / 24 Q heads,
+    # 8 KV heads, head_dim 64 / 128, vocab 128256, tie_word_embeddings true, rope_theta 500000, rope_scaling llama3
+    # factor 32, low 1, high 4, original 8192, rms_norm_eps 1e-05).
+    "llama3.2-1b": (
+        ("llama-3.2-1b", "meta-llama/Llama-3.2-1B"),
+        dict(layers=16, hidden=2048, ffn_hidden=8192, heads=32, kv_heads=8, head_dim=64, vocab=128256,
+             seq_len=8192, tied_embeddings=True, **_LLAMA, norm_epsilon=1e-5,
+             **{**_LLAMA31_ROPE, "rope_scaling": {**_LLAMA31_ROPE["rope_scaling"], "factor": 32.0}}),
+    ),
+    "llama3.2-3b": (
+        ("llama-3.2-3b", "meta-llama/Llama-3.2-3B"),
+        dict(layers=28, hidden=3072, ffn_hidden=8192, heads=24, kv_heads=8, head_dim=128, vocab=128256,
+             seq_len=8192, tied_embeddings=True, **_LLAMA, norm_epsilon=1e-5,
+             **{**_LLAMA31_ROPE, "rope_scaling": {**_LLAMA31_ROPE["rope_scaling"], "factor": 32.0}}),
+    ),
     # Llama 2 13B. "Llama 2" paper / HF meta-llama/Llama-2-13b-hf config.json
     # (40 layers, 5120, intermediate 13824, 40 heads MHA, vocab 32000, 4k context; as 7B: rms_norm_eps
     # 1e-05, rope_theta 10000).

@@ -95,6 +95,8 @@ PUBLISHED_TOTAL = {
     "qwen3-14b": 14.8e9,
     "qwen3-32b": 32.8e9,
     "grok-1": 314e9,          # xAI, "Open Release of Grok-1"
+    "llama3.2-1b": 1.23e9,    # Llama 3.2 model card
+    "llama3.2-3b": 3.21e9,
 }
 
 PUBLISHED_ACTIVE = {

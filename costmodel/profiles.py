@@ -544,9 +544,11 @@ def _match_by_words(name: str, profiles: list[HardwareProfile]) -> list[Hardware
 
 
 # Words a system description wraps around the GPU's name ("AWS p5.48xlarge", "8x H100 per node", the architecture
-# in "Hopper H100", "Grace Blackwell GB200 superchip"): dropped when the spelling as written names no profile (:func:`_simpler_spellings`).
+# in "Hopper H100", "Grace Blackwell GB200 superchip"): dropped when the spelling as written names no profile
+# (:func:`_simpler_spellings`).
 _SYSTEM_NOISE = re.compile(r"\b(aws|ec2|gcp|google|cloud|azure|instance|instances|node|nodes|server|servers|per|"
-                           r"gpus?|cluster|volta|ampere|hopper|blackwell|grace|superchips?|superpod|ultra|architecture)\b", re.I)
+                           r"gpus?|cluster|volta|ampere|hopper|blackwell|grace|superchips?|superpod|ultra|"
+                           r"architecture)\b", re.I)
 # A word that names another product than the SXM part (PCIe card, H100 NVL): such a spelling is never simplified
 # into one without it, so it never reaches an SXM profile's name.
 _OTHER_PRODUCT = re.compile(r"\b(pcie|nvl)\b", re.I)

@@ -25,7 +25,7 @@ from costmodel.fit import factor_rows
 from costmodel.flops import total_params
 from costmodel.profiles import HardwareProfile, InputError, cluster_of, load_profile, read_text, server_gpus
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
-from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, InterNodeFabric, ModelSpec
+from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch")
@@ -665,8 +665,8 @@ _PRICED_AS = ((r"mx-?fp4", ": the FP4 tensor cores NVFP4 runs on"), (r"fp6", ": 
               (r"int8|8-?bit", ": the 8-bit tensor-core rate"))
 # The formats a model name or notes name where the precision column is blank: the training formats alone (notes
 # also mention 8-bit optimizers and int8 gradient compression, which say nothing of the GEMMs).
-_NAMED_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"), (r"fp8|float8|e4m3|e5m2", "fp8"),
-                  (r"bf16|bfloat16", "bf16"))
+_NAMED_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"),
+                  (r"fp8|float8|e4m3|e5m2", "fp8"), (r"bf16|bfloat16", "bf16"))
 
 
 def precision_of(raw: str, assumed: list[str], context: str = "") -> str:

@@ -672,7 +672,8 @@ _GPU_COUNT = (re.compile(r"(?P<gpu>.*?[a-z].*?)\s*[x\u00d7]\s*(?P<n>\d+)", re.I)
 
 def _named_cluster(name: str) -> tuple[ClusterSpec | None, str]:
     """The cluster a GPU-and-count name describes (:func:`cluster_of`: the GPU's servers and NIC rate, full
-    bisection, no price), or None and why not ('' where the name is no such pair)."""
+    bisection, the price the shipped clusters of that GPU state, :func:`_shipped_price`), or None and why not (''
+    where the name is no such pair)."""
     why = ""
     for pattern in _GPU_COUNT:
         m = pattern.fullmatch(name.strip())
@@ -695,8 +696,26 @@ def _named_cluster(name: str) -> tuple[ClusterSpec | None, str]:
         if n > gpn and n % gpn:
             raise InputError(f"{name}: {n} {prof.name} do not fill servers of {gpn}; name a multiple of {gpn} "
                              f"(or write a cluster file: hardware_profiles/clusters/h100x512.yaml is one)")
-        return cluster_of(name.strip(), prof, n, min(n, gpn)), ""
+        price = _shipped_price(prof)
+        return cluster_of(name.strip(), prof, n, min(n, gpn)).model_copy(
+            update={"price_per_gpu_hour_usd": price}), ""
     return None, why
+
+
+def _shipped_price(profile: HardwareProfile) -> float | None:
+    """The price per GPU-hour the shipped cluster files of ``profile``'s GPU agree on (an illustrative price each
+    file cites), None where none states one or they differ."""
+    prices = set()
+    for path in sorted((PROFILE_DIR / "clusters").glob("*.yaml")):
+        data = _read_yaml(path)
+        if data.get("device_groups") or data.get("price_per_gpu_hour_usd") is None:
+            continue
+        try:
+            if same_gpu(load_profile(str(data.get("gpu"))), profile):
+                prices.add(float(data["price_per_gpu_hour_usd"]))
+        except InputError:
+            continue
+    return prices.pop() if len(prices) == 1 else None
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -790,18 +790,21 @@ def test_a_busbw_curve_point_no_collective_can_run_at_is_refused(points):
                       source="X").points[1] == (1024.0, 2e9)
 
 
-@pytest.mark.parametrize("name, gpu, nodes, per_node, domain", [
-    ("h100x1024", "H100", 128, 8, 8), ("1024xH100", "H100", 128, 8, 8), ("GB200 x 576", "GB200", 144, 4, 72),
-    ("a100x4", "A100-80GB", 1, 4, 4), ("H100 PCIe x 16", "H100-PCIe", 8, 2, 2)])
-def test_a_gpu_and_count_names_a_cluster_of_its_servers(name, gpu, nodes, per_node, domain):
-    """Where no cluster file has the name: the GPU's servers (an NVL rack's trays), its NIC rate, no price."""
+@pytest.mark.parametrize("name, gpu, nodes, per_node, domain, shipped", [
+    ("h100x1024", "H100", 128, 8, 8, "h100x512"), ("1024xH100", "H100", 128, 8, 8, "h100x8192"),
+    ("GB200 x 576", "GB200", 144, 4, 72, "gb200-nvl72x8"), ("a100x4", "A100-80GB", 1, 4, 4, "a100x1024"),
+    ("H100 PCIe x 16", "H100-PCIe", 8, 2, 2, None)])
+def test_a_gpu_and_count_names_a_cluster_of_its_servers(name, gpu, nodes, per_node, domain, shipped):
+    """Where no cluster file has the name: the GPU's servers (an NVL rack's trays), its NIC rate, and the price the
+    shipped clusters of that GPU state (none for a GPU without one)."""
     from costmodel.profiles import load_cluster
 
     cl = load_cluster(name)
     prof = load_profile(gpu)
     assert (cl.name, cl.gpu, cl.nodes, cl.gpus_per_node, cl.domain_gpus) == (name, gpu, nodes, per_node, domain)
     assert cl.inter_node.nic_bandwidth_bytes_per_s == prof.nic_bandwidth_bytes_per_s.value
-    assert cl.price_per_gpu_hour_usd is None
+    price = load_cluster(shipped).price_per_gpu_hour_usd if shipped else None
+    assert cl.price_per_gpu_hour_usd == price and (price is None) == (shipped is None)
 
 
 @pytest.mark.parametrize("name, message", [

@@ -7,7 +7,8 @@ import numpy as np
 
 from costmodel.profiles import HardwareProfile
 
-GEMM_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "fp32": "fp32"}
+GEMM_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "fp32": "fp32",
+              "tf32": "tf32"}
 
 # Reference size at which the best-shape (MAMF) efficiency of the profile is reached.
 _REF_DIM = 8192.0

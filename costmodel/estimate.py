@@ -226,7 +226,8 @@ def _context(model: ModelSpec, cluster: ClusterSpec, a: PlanArrays, prof: Hardwa
     # Bytes per activation element: 2 (bf16/fp16 and the fp8 recipes' high-precision tensors), 4 for fp32
     # training (the executor on CPUs without bf16 arithmetic).
     c.eb = memory.activation_element_bytes(model.precision)
-    c.wide = "fp32" if model.precision == "fp32" else "bf16"    # attention core and LM head dtype
+    # Attention core and LM head dtype: fp32 training keeps them in fp32 (TF32 on its tensor cores), the rest bf16.
+    c.wide = model.precision if model.precision in memory.FULL_PRECISION else "bf16"
     c.D = D = cluster.domain_gpus
     c.h, c.s = model.hidden, model.seq_len
     c.tp, c.pp, c.dp, c.cp = tp, pp, dp, cp = a.tp, a.pp, a.dp, a.cp

@@ -74,23 +74,27 @@ FRAGMENTATION = 0.05
 HOST_USABLE_FRACTION = 0.8
 
 
+# Precisions whose weights and activations are fp32 (TF32 changes only the GEMMs' tensor-core format).
+FULL_PRECISION = ("fp32", "tf32")
+
+
 def activation_element_bytes(precision: str) -> float:
-    """Bytes per activation / communicated element: 4 when training in fp32, else 2 (bf16, fp16 and the
-    high-precision tensors of the fp8/fp4 recipes)."""
-    return 4.0 if precision == "fp32" else 2.0
+    """Bytes per activation / communicated element: 4 when training in fp32 (TF32 GEMMs keep fp32 tensors), else 2
+    (bf16, fp16 and the high-precision tensors of the fp8/fp4 recipes)."""
+    return 4.0 if precision in FULL_PRECISION else 2.0
 
 
 def muon_state_bytes(precision: str) -> float:
     """Muon bytes per parameter: the fp32 master weight and one fp32 momentum (megatron-core 0.16.1
     optimizer/muon.py muon_init_state_fn: ``momentum_buffer`` like the fp32 master), 8; fp32 training keeps
     no master copy, 4."""
-    return 4.0 if precision == "fp32" else 8.0
+    return 4.0 if precision in FULL_PRECISION else 8.0
 
 
 def optimizer_state_bytes(precision: str) -> float:
     """Adam bytes per parameter: fp32 master weight and two moments (12) with mixed precision; fp32
     training keeps no separate master copy (8)."""
-    return 8.0 if precision == "fp32" else OPTIMIZER_BYTES
+    return 8.0 if precision in FULL_PRECISION else OPTIMIZER_BYTES
 
 
 def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, moe: bool,

@@ -181,7 +181,11 @@ _FACTOR_NAMES = [n for n, f in Calibration.model_fields.items() if f.annotation 
 
 
 # A GEMM dtype and those it falls back to, narrowest first, where a profile has no figure for it (any other: bf16).
-_AND_WIDER = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16")}
+# TF32 falls back to fp32 (Volta has no TF32 tensor cores: fp32 GEMMs run on the CUDA cores).
+_AND_WIDER = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "tf32": ("tf32", "fp32")}
+# Where a profile measured no GEMM efficiency for a dtype: the tensor-core figure of the next wider one (TF32 GEMMs
+# are cuBLAS tensor-core kernels like bf16's; no TF32 MAMF is stored).
+_EFFICIENCY_FROM = {**_AND_WIDER, "tf32": ("tf32", "bf16")}
 
 
 class HardwareProfile(FrozenSpec):
@@ -368,7 +372,7 @@ class HardwareProfile(FrozenSpec):
         return next((d for d in _AND_WIDER.get(dtype, (dtype, "bf16")) if d in self.peak_flops), "bf16")
 
     def max_efficiency(self, dtype: str) -> float:
-        d = next((d for d in _AND_WIDER.get(dtype, (dtype, "bf16")) if d in self.gemm_max_efficiency), None)
+        d = next((d for d in _EFFICIENCY_FROM.get(dtype, (dtype, "bf16")) if d in self.gemm_max_efficiency), None)
         return self.gemm_max_efficiency[d].value if d else 0.75
 
     def latency_s(self, collective: str) -> float:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"]
+Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32", "tf32"]
 RecomputeMode = Literal["none", "selective", "full", "offload"]
 Finetune = Literal["full", "lora"]
 FINETUNE: tuple[str, ...] = get_args(Finetune)
@@ -24,6 +24,7 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")
 
 PRECISION_ALIASES: dict[str, str] = {
     "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)
+    "tf32": "tf32",     # fp32 tensors, GEMMs on TF32 tensor cores (Ampere and newer; fp32 rate on V100)
     "bf16": "bf16",
     "bf16-mixed": "bf16",
     "fp16": "fp16",

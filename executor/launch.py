@@ -247,7 +247,7 @@ def first_worker_error(log: str) -> str | None:
 def default_dtype(model: ModelSpec) -> str:
     """The training dtype a model's precision asks for (fp8/fp4 recipes train in bf16 here: no Transformer
     Engine path in the executor yet)."""
-    return {"fp32": "fp32", "fp16": "fp16"}.get(model.precision, "bf16")
+    return {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16"}.get(model.precision, "bf16")
 
 
 def launch(plan_path: str | os.PathLike, run_dir: str | os.PathLike, *, steps: int = 10, dtype: str | None = None,

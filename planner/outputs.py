@@ -611,6 +611,13 @@ def _precision_flags(model: ModelSpec, plan: ParallelPlan, f: _Flags, fp8_recipe
         f.notes.append("# fp16: dynamic loss scaling (no --loss-scale), from 2^32 as Megatron does")
     elif p == "fp32":
         f.notes.append("# fp32: neither --bf16 nor --fp16 (parameters and GEMMs in fp32, as the estimate prices)")
+    elif p == "tf32":
+        # PyTorch runs fp32 matmuls on TF32 tensor cores only with torch.backends.cuda.matmul.allow_tf32 = True
+        # (its default False since 1.12); Megatron-LM has no flag for it.
+        f.notes.append("# tf32: neither --bf16 nor --fp16 (fp32 parameters and activations); the estimate prices the "
+                       "GEMMs on TF32 tensor cores, which PyTorch uses for fp32 matmuls only with "
+                       "torch.backends.cuda.matmul.allow_tf32 = True (default False since PyTorch 1.12): set it in "
+                       "the training script")
     else:
         # validate_args: with --bf16, "if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False
         # elif ... main_grads_dtype == torch.float32: args.accumulate_allreduce_grads_in_fp32 = True", and

@@ -217,12 +217,16 @@ def test_pipeline_and_recompute_flags():
     ("fp8", ["--bf16", "--fp8-format hybrid", "--fp8-recipe tensorwise"]),
     ("mxfp8", ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"]),
     ("nvfp4", ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]),
+    ("fp32", []),
+    ("tf32", []),
 ])
 def test_precision_flags(precision, expected):
     args = megatron_args(get_model("8b", precision=precision), ParallelPlan(tp=2, dp=256, global_batch=512))
     got = [a for a in flags(args) if a.split(" ")[0] in ("--bf16", "--fp16", "--fp8-format", "--fp8-recipe",
                                                            "--fp4-format", "--fp4-recipe")]
     assert got == expected
+    # TF32 has no Megatron flag: the note says what the training script must set for the GEMMs the estimate prices.
+    assert ("torch.backends.cuda.matmul.allow_tf32 = True" in "\n".join(args)) == (precision == "tf32")
     if precision == "fp8":
         delayed = megatron_args(get_model("8b", precision="fp8"), ParallelPlan(tp=2, dp=256, global_batch=512),
                                 fp8_recipe="delayed")

@@ -212,7 +212,7 @@ def test_columns_spelled_other_ways_read_as_the_schema_values(tmp_path):
         assert precision_of(text, said) == want and said == [f"precision={want} (from {text.strip()!r})"], text
     said = []
     assert precision_of("fp8-cs", said) == "fp8-cs" and precision_of(" MXFP8", said) == "mxfp8" and said == []
-    assert precision_of("tf32", said) == "tf32"                          # left for ModelSpec to refuse
+    assert precision_of("tf32", said) == "tf32" and said == []            # a precision of its own (ModelSpec)
     # Formats without a price of their own take the tensor-core rate they run at, and say so.
     for text, want, why in (("MXFP4", "nvfp4", "FP4 tensor cores"), ("mxfp6", "mxfp8", "FP8 tensor-core rate"),
                             ("INT8 (SwitchBack)", "fp8", "8-bit tensor-core rate"), ("8-bit", "fp8", "8-bit")):

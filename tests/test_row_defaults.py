@@ -863,3 +863,19 @@ def test_a_row_none_of_whose_tp_x_pp_splits_can_be_read_says_what_is_wrong_with_
                framework="megatron-core", gpu_type="MI300X")
     cases, errors = read(write_rows(tmp_path / "runs.csv", [row]))
     assert not cases and "unknown GPU type 'MI300X'" in errors[0]["error"] and "column 'tp'" not in errors[0]["error"]
+
+
+def test_a_tf32_run_is_priced_on_the_tf32_tensor_cores_with_fp32_tensors(tmp_path):
+    """TF32 keeps fp32 weights and activations and runs the GEMMs at the TF32 rate: on A100 (156 of bf16's 312
+    TFLOP/s) between the bf16 and the fp32 (CUDA-core, 19.5 TFLOP/s) readings, with fp32's memory; on V100, which
+    has no TF32 tensor cores, the fp32 reading itself."""
+    row = dict(model_name="GPT-3 1.3B", params_b="1.3", layers="24", hidden="2048", ffn_hidden="8192", heads="16",
+               kv_heads="16", vocab="51200", seq_len="2048", gpu_type="A100-80GB", num_gpus="8", tp="1", pp="1",
+               dp="8", global_batch="64", micro_batch="4", recompute="full", framework="megatron-core")
+    got = {(g, p): predict_case(_case(tmp_path, **{**row, "gpu_type": g, "precision": p}))
+           for g in ("A100-80GB", "V100-32GB") for p in ("bf16", "tf32", "fp32")}
+    t = {k: v["predicted_step_time_s"] for k, v in got.items()}
+    assert t["A100-80GB", "bf16"] < t["A100-80GB", "tf32"] < t["A100-80GB", "fp32"] / 3
+    assert t["V100-32GB", "tf32"] == t["V100-32GB", "fp32"]
+    mem = {k: v["predicted_peak_memory_bytes"] for k, v in got.items()}
+    assert mem["A100-80GB", "tf32"] == mem["A100-80GB", "fp32"] > mem["A100-80GB", "bf16"]

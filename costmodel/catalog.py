@@ -55,6 +55,9 @@ _DEEPSEEK_V3 = dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_di
                                                            beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
                     moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5,
                     moe_router_groups=8, moe_router_group_topk=4, moe_router_norm_topk=True)
+# DeepSeek-V2's YaRN (its entries below cite it).
+_DEEPSEEK_V2_YARN = dict(type="yarn", factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                         beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707)
 _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Llama 2 7B. Touvron et al. 2023, "Llama 2", Table 1 / HF meta-llama/Llama-2-7b-hf
     # config.json (32 layers, 4096, intermediate 11008, 32 heads MHA, vocab 32000, 4k context;
@@ -185,6 +188,30 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # routed_scaling_factor 2.5, n_group 8, topk_group 4, norm_topk_prob true; modeling_deepseek.py normalises
     # the q and kv latents (q_a_layernorm, kv_a_layernorm): Megatron's --qk-layernorm with MLA).
     "deepseek-v3": (("deepseekv3", "deepseek-v3-671b", "deepseek-ai/DeepSeek-V3"), _DEEPSEEK_V3),
+    # DeepSeek-V2 (236B total / 21B active) and DeepSeek-V2-Lite (15.7B / 2.4B). DeepSeek-AI 2024, "DeepSeek-V2",
+    # arXiv:2405.04434 / HF deepseek-ai/DeepSeek-V2 and deepseek-ai/DeepSeek-V2-Lite config.json: 60 / 27 layers,
+    # hidden 5120 / 2048, intermediate 12288 / 10944 (the first_k_dense_replace 1 dense layer), moe_intermediate
+    # 1536 / 1408, 128 / 16 heads, q_lora_rank 1536 / null, kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128,
+    # 160 / 64 routed + 2 shared experts, top-6, vocab 102400, scoring_func softmax, norm_topk_prob false,
+    # routed_scaling_factor 16.0 / 1.0, group_limited_greedy over n_group 8, topk_group 3 (V2; Lite greedy),
+    # rope_theta 10000, yarn factor 40 / original 4096 / beta_fast 32 / beta_slow 1 / mscale 0.707 / mscale_all_dim
+    # 0.707, rms_norm_eps 1e-06, no MTP, untied.
+    "deepseek-v2": (
+        ("deepseekv2", "deepseek-v2-236b", "deepseek-ai/DeepSeek-V2"),
+        {**_DEEPSEEK_V3, **dict(layers=60, hidden=5120, ffn_hidden=12288, vocab=102400, num_experts=160, moe_topk=6,
+                                moe_ffn_hidden=1536, shared_experts=2, dense_layers=1, mtp_layers=0,
+                                rope_scaling=_DEEPSEEK_V2_YARN, moe_router_score="softmax",
+                                moe_router_expert_bias=False, moe_router_topk_scaling=16.0, moe_router_groups=8,
+                                moe_router_group_topk=3, moe_router_norm_topk=False)},
+    ),
+    "deepseek-v2-lite": (
+        ("deepseekv2lite", "deepseek-ai/DeepSeek-V2-Lite"),
+        {**_DEEPSEEK_V3, **dict(layers=27, hidden=2048, ffn_hidden=10944, heads=16, vocab=102400, num_experts=64,
+                                moe_topk=6, moe_ffn_hidden=1408, shared_experts=2, dense_layers=1, mtp_layers=0,
+                                mla_q_lora_rank=None, rope_scaling=_DEEPSEEK_V2_YARN, moe_router_score="softmax",
+                                moe_router_expert_bias=False, moe_router_topk_scaling=1.0, moe_router_groups=None,
+                                moe_router_group_topk=None, moe_router_norm_topk=False)},
+    ),
     # Kimi K2 (1.04T total / 32B active). Moonshot AI 2025, "Kimi K2: Open Agentic Intelligence" / HF
     # moonshotai/Kimi-K2-Instruct config.json, DeepSeek-V3's architecture (DeepseekV3ForCausalLM) with 61 layers,
     # 7168, intermediate 18432, moe_intermediate 2048, 64 heads, kv_lora_rank 512, q_lora_rank 1536, qk_nope 128,

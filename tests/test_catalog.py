@@ -97,6 +97,8 @@ PUBLISHED_TOTAL = {
     "grok-1": 314e9,          # xAI, "Open Release of Grok-1"
     "llama3.2-1b": 1.23e9,    # Llama 3.2 model card
     "llama3.2-3b": 3.21e9,
+    "deepseek-v2": 236e9,     # DeepSeek-V2 paper: 236B total, 21B active; V2-Lite 15.7B
+    "deepseek-v2-lite": 15.7e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -107,6 +109,7 @@ PUBLISHED_ACTIVE = {
     "qwen3-235b-a22b": 22e9,
     "gpt-oss-120b": 5.13e9,  # the model card leaves the embedding lookup out of "active"
     "mixtral-8x22b": 39e9,
+    "deepseek-v2": 21e9,
 }
 
 
@@ -181,6 +184,7 @@ def test_spot_check_architectures():
         ("Qwen3-32B", "qwen3-32b"),
         ("Llama-3.3-70B", "llama3.1-70b"),
         ("Grok-1 314B", "grok-1"),
+        ("DeepSeek-V2-Lite-Chat", "deepseek-v2-lite"),
     ],
 )
 def test_names_are_case_insensitive_with_aliases(alias, name):
@@ -433,5 +437,5 @@ def test_a_release_variant_of_a_catalog_model_is_that_model(name, want):
 
 
 def test_a_variant_suffix_does_not_shorten_a_name_into_another_model():
-    with pytest.raises(InputError, match="unknown model 'DeepSeek-V2-Lite-Chat'"):
-        get_model("DeepSeek-V2-Lite-Chat")          # not DeepSeek-V3, not any catalog model
+    with pytest.raises(InputError, match="unknown model 'DeepSeek-Coder-V2-Lite-Instruct'"):
+        get_model("DeepSeek-Coder-V2-Lite-Instruct")    # not DeepSeek-V2-Lite, not any catalog model

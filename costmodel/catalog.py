@@ -513,6 +513,7 @@ def from_hf_config(
         data = {"model_type": raw.get("model_type"), **raw["text_config"]}
     cfg = _Config(p, data)
     model_type = str(data.get("model_type") or "").lower()
+    _refuse_non_attention_mixers(cfg, model_type)
 
     fields: dict[str, Any] = {}
     fields["layers"] = cfg.int_("layers", "num_hidden_layers", "n_layer", "num_layers")
@@ -632,6 +633,26 @@ def _seq_len(cfg: _Config, seq_len: int | None) -> int:
             f"{cfg.path}: missing required field 'max_position_embeddings' (or pass seq_len)"
         )
     return min(max_pos, 8192)
+
+
+# Keys by which a config says that some of its layers mix tokens without attention (Mamba-2 / state-space layers of
+# Nemotron-H and Jamba, linear-attention or gated-DeltaNet layers of Qwen3-Next and MiniMax-01), and model types
+# built so. The cost model prices attention layers only; such a model would be priced as all-attention.
+_NON_ATTENTION_KEYS = ("hybrid_override_pattern", "layers_block_type", "ssm_state_size", "mamba_num_heads",
+                       "mamba_d_state", "attn_type_list", "linear_num_key_heads", "full_attention_interval")
+_NON_ATTENTION_TYPES = ("mamba", "mamba2", "nemotron_h", "jamba", "zamba", "zamba2", "falcon_h1", "qwen3_next",
+                        "minimax_text_01", "rwkv", "recurrent_gemma", "bamba", "granitemoehybrid")
+
+
+def _refuse_non_attention_mixers(cfg: _Config, model_type: str) -> None:
+    """A one-line error for a config whose layers are not all attention layers (state-space, linear attention)."""
+    key = next((k for k in _NON_ATTENTION_KEYS if cfg.data.get(k) not in (None, "", [], 0)), None)
+    if key is None and model_type not in _NON_ATTENTION_TYPES:
+        return
+    what = f"field {key!r}" if key else f"model_type {model_type!r}"
+    raise InputError(f"{cfg.path}: {what}: a model with state-space or linear-attention layers (Mamba hybrids such as "
+                     f"Nemotron-H, Qwen3-Next) is not modelled: the cost model prices attention and MLP/MoE layers "
+                     f"only, and would price every layer as attention; valid: a transformer whose every layer attends")
 
 
 def _dense_layers(cfg: _Config, num_experts: int) -> int:

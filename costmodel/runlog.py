@@ -235,6 +235,11 @@ def _precision(a: _Args) -> str:
 
 
 def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
+    hybrid = a.get("hybrid_override_pattern")
+    if hybrid:
+        # pretrain_mamba.py's hybrid models (Nemotron-H): Mamba-2 layers the cost model does not price.
+        raise InputError(f"{a.source}: field 'hybrid_override_pattern' = {hybrid!r}: a hybrid Mamba model is not "
+                         f"modelled (the cost model prices attention and MLP/MoE layers only); valid: a GPT or MoE run")
     layers = a.int("num_layers", required=True)
     hidden = a.int("hidden_size", required=True)
     heads = a.int("num_attention_heads", required=True)

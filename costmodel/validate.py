@@ -1257,6 +1257,12 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
     return cases, errors
 
 
+# Model names of families whose layers are not all attention (Mamba hybrids, linear attention, RWKV): a row naming
+# one is priced as a transformer of its layers, and says so (costmodel/catalog.py refuses such Hugging Face configs).
+_NON_ATTENTION_NAME = re.compile(r"nemotron[- ]?h\b|nemotron[- ]?3[- ]?(nano|super|ultra)|mamba|jamba|zamba|"
+                                 r"falcon[- ]?h1|qwen3[- ]?next|hymba|rwkv|minimax[- ]?(text[- ]?01|m1)|bamba", re.I)
+
+
 def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degrees: tuple[str, ...]) -> Case:
     """One read row (numbers normalised, catalog and degrees filled) as a case; ``assumed`` grows with what is
     read into it."""
@@ -1270,6 +1276,11 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
     framework = framework_of(row, assumed)
     profile = load_profile(row["gpu_type"])
     model = row_model(row, assumed)
+    hybrid = _NON_ATTENTION_NAME.search(row.get("model_name") or "")
+    if hybrid:
+        assumed.append(f"model_name names a model with state-space or linear-attention layers ({hybrid.group(0)!r}): "
+                       f"priced as a transformer of its {model.layers} layers, every one attention and MLP (such "
+                       f"layers are not modelled)")
     if not profile.supports(model.precision) and any(a.startswith("precision=bf16") for a in assumed):
         # Mixed precision on a GPU without bf16 arithmetic (V100) is fp16.
         model = model.model_copy(update={"precision": "fp16"})

@@ -439,3 +439,29 @@ def test_a_release_variant_of_a_catalog_model_is_that_model(name, want):
 def test_a_variant_suffix_does_not_shorten_a_name_into_another_model():
     with pytest.raises(InputError, match="unknown model 'DeepSeek-Coder-V2-Lite-Instruct'"):
         get_model("DeepSeek-Coder-V2-Lite-Instruct")    # not DeepSeek-V2-Lite, not any catalog model
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-M-"}, "field 'hybrid_override_pattern'"),
+    ({"model_type": "jamba", "layers_block_type": ["mamba", "attention"]}, "field 'layers_block_type'"),
+    ({"model_type": "qwen3_next", "full_attention_interval": 4}, "field 'full_attention_interval'"),
+    ({"model_type": "mamba2"}, "model_type 'mamba2'")])
+def test_hf_state_space_and_linear_attention_hybrids_are_refused(tmp_path, extra, named):
+    """A config whose layers do not all attend would be priced as all-attention: a one-line error instead."""
+    data = {**json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text()), **extra}
+    with pytest.raises(InputError, match=f"{named}: a model with state-space or linear-attention layers"):
+        from_hf_config(_write(tmp_path, data))
+
+
+def test_a_megatron_log_of_a_hybrid_mamba_run_is_refused():
+    """pretrain_mamba.py prints hybrid_override_pattern: its Mamba-2 layers are not priced, so plan calibrate says so
+    instead of reading the run as a transformer."""
+    from costmodel.runlog import parse_megatron_log
+
+    text = (Path(__file__).parent / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log").read_text()
+    line = "  use_distributed_optimizer ....................... True\n"
+    patched = text.replace(line, line + "  hybrid_override_pattern ......................... M-M-M*-\n")
+    assert patched != text
+    with pytest.raises(InputError, match="hybrid.log: field 'hybrid_override_pattern' = 'M-M-M\\*-': a hybrid Mamba"):
+        parse_megatron_log(patched, "hybrid.log", gpu="H100")
+    assert parse_megatron_log(text, "plain.log", gpu="H100").measurement.model.layers == 32

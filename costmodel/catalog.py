@@ -11,6 +11,7 @@ are checked against the published sizes in ``tests/test_catalog.py``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -410,11 +411,19 @@ def get_model(
         return from_hf_config(p, seq_len=seq_len, precision=precision)
     name = _alias_table().get(_norm(text)) or _alias_table().get(_norm(_variant_free(text)))
     if name is None:
+        near = _near_names(_variant_free(text))
         raise InputError(
-            f"unknown model {text!r}; catalog: {', '.join(catalog_names())} "
-            "(or pass the path of a Hugging Face config.json)"
+            f"unknown model {text!r}{f' (did you mean {near}?)' if near else ''}; catalog: "
+            f"{', '.join(catalog_names())} (or pass the path of a Hugging Face config.json)"
         )
     return with_overrides(_catalog()[name], f"model {name!r}", seq_len, precision)
+
+
+def _near_names(text: str) -> str:
+    """Catalog names whose name or an alias is spelled nearly as ``text`` (difflib's ratio 0.8 or more), or ''."""
+    table = _alias_table()
+    keys = difflib.get_close_matches(_norm(text), list(table), n=6, cutoff=0.8)
+    return " or ".join(dict.fromkeys(table[k] for k in keys))
 
 
 # Words a release appends to a model's name that do not change its network: the Hugging Face organisation

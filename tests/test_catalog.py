@@ -210,6 +210,14 @@ def test_unknown_name_lists_catalog():
     for name in catalog_names():
         assert name in msg
     assert "or pass the path of a Hugging Face config.json" in msg
+    assert "did you mean" not in msg                     # nothing is spelled nearly so
+
+
+@pytest.mark.parametrize("typo, near", [("mixtral-8x7", "mixtral-8x7b"), ("Qwen3-32", "qwen3-32b"),
+                                        ("deepsek-v3", "deepseek-v3")])
+def test_a_near_miss_names_the_catalog_models_spelled_nearly_so(typo, near):
+    with pytest.raises(InputError, match=f"unknown model '{typo}' \\(did you mean [^)]*{near}"):
+        get_model(typo)
 
 
 def test_catalog_attribute_is_lazy_and_complete():

@@ -1069,10 +1069,11 @@ def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
         return _fill_named_widths(row, blank, assumed)
     try:
         spec = get_model(re.sub(r"\(.*?\)", "", row.get("model_name") or "").strip())
-    except InputError:
+    except InputError as exc:
+        near = re.search(r" \(did you mean [^)]*\)", str(exc))
         raise ValueError(f"column(s) {', '.join(need)} empty and model_name {row.get('model_name')!r} is no "
-                         f"catalog model to take them from; fill them or name one of: "
-                         f"{', '.join(catalog_names())}") from None
+                         f"catalog model to take them from{near.group(0) if near else ''}; fill them or name one "
+                         f"of: {', '.join(catalog_names())}") from None
     return _filled(row, spec, blank, assumed, "")
 
 

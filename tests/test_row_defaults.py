@@ -69,6 +69,10 @@ def test_blank_architecture_of_a_model_outside_the_catalog_is_an_error_naming_th
     assert not cases
     msg = errors[0]["error"]
     assert "column(s) layers, hidden empty and model_name 'Falcon-180B' is no catalog model" in msg
+    assert "did you mean" not in msg
+    _, near = load_cases(write_rows(tmp_path / "near.csv", [{**ROW, "model_name": "Mixtral 8x7", "layers": "",
+                                                             "hidden": ""}]))
+    assert "'Mixtral 8x7' is no catalog model to take them from (did you mean mixtral-8x7b" in near[0]["error"]
     assert "70b" in msg and "deepseek-v3" in msg
 
 

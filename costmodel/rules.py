@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.memory import FULL_PRECISION
 from costmodel.profiles import InputError
 from costmodel.plan import ParallelPlan, num_microbatches
 from costmodel.specs import ModelSpec
@@ -743,7 +744,7 @@ def a2a_overlap_violations(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if plan.recompute == "full":
         out.append("moe_a2a_overlap=True with recompute=full (megatron-core: disable full recomputation); valid: "
                    "recompute none, selective or offload, or moe_a2a_overlap=False")
-    if model.precision in ("fp32", "tf32"):
+    if model.precision in FULL_PRECISION:
         out.append(f"moe_a2a_overlap=True needs a bf16 or fp16 model (precision={model.precision}); valid: precision "
                    "bf16, fp8, mxfp8 or nvfp4, or moe_a2a_overlap=False")
     if model.mtp_layers > 1 or (model.mtp_layers == 1 and plan.pp == 1):
@@ -860,7 +861,7 @@ def grouped_gemm_issue(model: ModelSpec, transformer_engine: bool) -> str | None
     """Why megatron-core cannot run a MoE model's experts as a grouped GEMM (None: it can). Megatron-LM
     validate_args: "assert args.bf16, 'Currently GroupedGEMM for MoE only supports bf16 dtype.'" and
     "assert dc[0] >= 8, 'Unsupported compute capability for GroupedGEMM kernels.'" (fp8/fp4 run with --bf16)."""
-    if model.precision in ("fp16", "fp32", "tf32"):
+    if model.precision in ("fp16", *FULL_PRECISION):
         return f"Megatron's grouped GEMM needs --bf16, the plan trains in {model.precision}"
     if not transformer_engine:
         return "Megatron's grouped GEMM needs compute capability 8.0"

@@ -649,24 +649,24 @@ _VAGUE_PRECISION = ("unknown", "n/a", "na", "-", "mixed", "mixed precision", "mi
                     "default")
 
 
-# Training formats as precision columns spell them, the narrowest first (a column naming NVFP4 and MXFP8 names
-# the NVFP4 recipe). MXFP4 runs on the same FP4 tensor cores as NVFP4 and MXFP6 at the FP8 rate (NVIDIA Blackwell
-# datasheet: FP6 and FP8 share one rate), so they are priced as those; an 8-bit integer recipe at the 8-bit
-# (FP8) tensor-core rate. PyTorch Lightning's precision flags (NeMo's trainer.precision) name the width alone:
-# '16-mixed' / '16' is fp16, '32' / '32-true' fp32.
-_FORMATS = ((r"nvfp4|(?<![a-z])fp4|mx-?fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx|mx-?fp6|(?<![a-z])fp6", "mxfp8"),
-            (r"fp8|float8|e4m3|e5m2|int8|(?<![a-z0-9])8-?bit", "fp8"),
-            (r"bf16|bfloat16", "bf16"),
-            (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])|^16(-mixed|-true)?(-|$)",
-             "fp16"),
-            (r"^32(-true)?$|^float32$", "fp32"))
-# Why a format with no price of its own is priced as another (said with the reading).
-_PRICED_AS = ((r"mx-?fp4", ": the FP4 tensor cores NVFP4 runs on"), (r"fp6", ": the FP8 tensor-core rate FP6 runs at"),
-              (r"int8|8-?bit", ": the 8-bit tensor-core rate"))
-# The formats a model name or notes name where the precision column is blank: the training formats alone (notes
+# The training formats as a model name, notes or precision column name them, the narrowest first (a column naming
+# NVFP4 and MXFP8 names the NVFP4 recipe). A blank precision column reads only these from the name and notes (notes
 # also mention 8-bit optimizers and int8 gradient compression, which say nothing of the GEMMs).
 _NAMED_FORMATS = ((r"nvfp4|(?<![a-z])fp4", "nvfp4"), (r"mxfp8|mx-?fp8|fp8-?mx", "mxfp8"),
                   (r"fp8|float8|e4m3|e5m2", "fp8"), (r"bf16|bfloat16", "bf16"))
+# Formats a precision column may name that have no price of their own, the format priced in their place and why
+# (said with the reading): MXFP4 runs on the same FP4 tensor cores as NVFP4 and MXFP6 at the FP8 rate (NVIDIA
+# Blackwell datasheet: FP6 and FP8 share one rate); an 8-bit integer recipe at the 8-bit (FP8) tensor-core rate.
+_PRICED_AS = ((r"mx-?fp4", "nvfp4", ": the FP4 tensor cores NVFP4 runs on"),
+              (r"mx-?fp6|(?<![a-z])fp6", "mxfp8", ": the FP8 tensor-core rate FP6 runs at"),
+              (r"int8|(?<![a-z0-9])8-?bit", "fp8", ": the 8-bit tensor-core rate"))
+# A precision column's formats: the named ones with those priced as them, then fp16 and fp32 as AMP / Apex and
+# PyTorch Lightning's precision flags (NeMo's trainer.precision) name them: '16-mixed' / '16' is fp16, '32' /
+# '32-true' fp32.
+_FORMATS = tuple((pattern + "".join(f"|{p}" for p, as_, _ in _PRICED_AS if as_ == name), name)
+                 for pattern, name in _NAMED_FORMATS) + (
+    (r"fp16|float16|half|(?<![a-z])amp(?![a-z])|apex|(?<![a-z0-9])o[12](?![a-z0-9])|^16(-mixed|-true)?(-|$)", "fp16"),
+    (r"^32(-true)?$|^float32$", "fp32"))
 
 
 def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
@@ -695,7 +695,7 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     t = re.sub(r"[\s_]+", "-", key)
     for pattern, name in _FORMATS:
         if re.search(pattern, t):
-            why = next((w for p, w in _PRICED_AS if re.search(p, t)), "")
+            why = next((w for p, as_, w in _PRICED_AS if as_ == name and re.search(p, t)), "")
             assumed.append(f"precision={name} (from {text!r}{why})")
             return name
     return text

@@ -24,7 +24,7 @@ from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
 from costmodel.profiles import HardwareProfile, InputError, cluster_of, load_profile, read_text, server_gpus
-from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, node_replicas
+from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, even_split, node_replicas
 from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
@@ -144,6 +144,10 @@ class Case:
     stage_named: bool = False
     """True where the sharding column names the ZeRO stage outright (stage_named): the stage the run ran, raised
     (sharding_fallbacks) only where nothing else the row leaves open makes the layout fit."""
+    stack_interleaves: str = ""
+    """Where a row of a stack other than Megatron names one whose pipeline schedule is documented to be
+    interleaved (interleaving_stack), where that is documented: an unpublished vp is then read as a megatron-core
+    row's is; '' otherwise."""
 
 
 # Marks a table puts after a number to point at a footnote.
@@ -333,6 +337,27 @@ _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairsc
                  r"|(hf|hugging ?face)[ -](accelerate|trainer)|\baccelerate\b")
 # Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
+
+
+# Stacks other than Megatron whose pipeline schedule is documented to be interleaved (model chunks looped over
+# the pipeline ranks): (pattern over the framework column, pattern over the notes and source id, where it is
+# documented). A row of such a stack that leaves vp blank is read as the fastest interleaving that fits, as a
+# megatron-core row's is; any other non-Megatron stack keeps vp 1 (DeepSpeed's PipelineEngine and torchtitan's
+# default Schedule1F1B, for two, run one stage a rank).
+_INTERLEAVING_STACKS = (
+    (r"(?<![\w-])meta(?![\w-])", r"llama[- ]?3(\.\d)?[- ]paper|2407\.21783|herd of models|(^|_)meta(_|$)",
+     "Meta's Llama 3 stack: Llama 3 paper (arXiv:2407.21783) Sec. 3.3.2 and Fig. 6, stages looped over the "
+     "pipeline ranks with a tunable number of consecutive micro-batches"),
+)
+
+
+def interleaving_stack(row: dict) -> str | None:
+    """Where a row's stack (its framework column, or the paper its notes or source id cite) is one documented to
+    interleave its pipeline (_INTERLEAVING_STACKS): the citation; None otherwise."""
+    framework = (row.get("framework") or "").lower()
+    cited = " ".join(row.get(c) or "" for c in ("notes", "source_id")).lower()
+    return next((why for named, cites, why in _INTERLEAVING_STACKS
+                 if re.search(named, framework) or re.search(cites, cited)), None)
 
 
 def _names_paxml(t: str) -> bool:
@@ -1294,6 +1319,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                        f"{model.precision} tensor cores)")
     cluster = row_cluster(row, profile)
     plan, known = row_plan(row, model, framework, assumed)
+    looped = interleaving_stack(row) if framework == "other" and plan.pp > 1 else None
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
     if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
         assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]
@@ -1302,7 +1328,8 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                 vpp_known=plan.pp == 1 or bool(_int(row.get("vp", ""))),
                 micro_batch_known=mbs_known, ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
                 open_degrees=open_degrees,
-                stage_named=stage_named((row.get("zero_stage_or_distopt") or "").strip().lower()))
+                stage_named=stage_named((row.get("zero_stage_or_distopt") or "").strip().lower()),
+                stack_interleaves=looped or "")
 
 
 # What every row error :func:`unexpected` writes says (tests look for it: no input may cause one).
@@ -1408,7 +1435,8 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
 MAX_UNPUBLISHED_VPP = 64
 
 
-def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> list[ParallelPlan]:
+def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int,
+                         stack_interleaves: bool = False) -> list[ParallelPlan]:
     """What a megatron-core run with pp > 1 whose row leaves vp blank may have interleaved: no interleaving
     (Megatron's default) and every vp whose virtual stages split the layers evenly (the embedding and loss
     counted as a layer each, as framework_split does) and that megatron-core accepts (rules.violations).
@@ -1417,14 +1445,18 @@ def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int) ->
     2020-2022 papers' tables) and other stacks keep the row's vp=1: their schedules are not megatron-core's."""
     from costmodel.rules import violations
 
-    if plan.pp == 1 or plan.framework != "megatron-core":
+    if plan.pp == 1 or not (plan.framework == "megatron-core" or stack_interleaves):
         return [plan]
     out = [plan]
+    # Where the layers do not divide the pipeline but do with the embedding and loss counted (Qwen3-235B's 94 + 2
+    # over pp 8), the split is written out: the first and last ranks one layer short (plan.even_split), as
+    # account_for_embedding/loss_in_pipeline_split places them; the rules judge an even split otherwise.
+    split = even_split(model.layers, plan.pp) if model.layers % plan.pp else None
     for v in range(2, min(model.layers // plan.pp, MAX_UNPUBLISHED_VPP) + 1):
         stages = plan.pp * v
         if model.layers % stages and (model.layers + 2) % stages:
             continue
-        q = plan.model_copy(update={"vpp": v, "layers_per_stage": None})
+        q = plan.model_copy(update={"vpp": v, "layers_per_stage": split})
         if not violations(model, q, num_gpus):
             out.append(q)
     return out
@@ -1558,7 +1590,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
         return got
     prof = profile or load_profile(case.cluster.gpu)
     world = case.plan.tp * case.plan.pp * case.plan.cp * case.plan.dp    # the row's GPUs (a node may hold more)
-    layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, world)
+    layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, world,
+                                                                      bool(case.stack_interleaves))
     interleaved = len(layouts) > 1
     if not case.micro_batch_known:
         layouts = [q for p in layouts for q in micro_batch_options(p)]
@@ -1713,7 +1746,9 @@ def _note_choice(assumed: list[str], case: Case, plans: list[ParallelPlan], idx:
     if interleaved:
         assumed[:] = [a for a in assumed if a != "vpp=1 (not published)"
                       and not (plans[idx].vpp > 1 and a.startswith("layers_per_stage="))]
-        assumed.append(f"vpp={plans[idx].vpp} (not published; the {chosen.replace('fastest', 'fastest interleaving')})")
+        why = f": {case.stack_interleaves}" if case.stack_interleaves else ""
+        assumed.append(f"vpp={plans[idx].vpp} (not published; the {chosen.replace('fastest', 'fastest interleaving')}"
+                       f"{why})")
     if not case.ep_known:
         assumed[:] = [a for a in assumed if a != "ep=1 (not published)"]
         assumed.append(f"ep={plans[idx].ep} (not published; the {chosen})")

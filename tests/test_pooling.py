@@ -369,6 +369,66 @@ def test_an_unpublished_interleaving_of_a_megatron_core_run_is_the_fastest_that_
     assert predict_case(given)["plan"].vpp == 5 and predict_case(old)["plan"].vpp == 1
 
 
+def test_an_unpublished_interleaving_counts_the_embedding_and_loss_where_the_layers_need_them(tmp_path):
+    """Qwen3-235B's 94 layers do not divide pp 8, but 94 + 2 (the embedding and the loss counted as a layer each)
+    do divide 8 x v for v = 2, 3, 4, 6 (12 would leave the first chunk the embedding alone, and the search stops
+    at a layer a chunk); those interleavings are offered with the split written out (the first and last ranks a
+    layer short), which megatron-core's account_for_embedding/loss_in_pipeline_split runs and the rules accept.
+    Before, the rules judged them as an even split of 94 over 8 and none was offered."""
+    import csv
+
+    from costmodel.rules import violations
+    from costmodel.validate import interleaving_options
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["scored"] == "true"
+                and r["model_name"] == "Qwen3-235B-A22B" and r["pp"] == "8" and r["vp"] in ("", "n/a"))
+    (case,), errors = load_cases(write_rows(tmp_path / "qwen.csv", [base]))
+    assert errors == [] and not case.vpp_known and case.model.layers == 94
+    opts = interleaving_options(case.plan, case.model, case.cluster.num_gpus)
+    assert [p.vpp for p in opts] == [1, 2, 3, 4, 6]
+    assert opts[0] is case.plan
+    for p in opts[1:]:
+        assert p.layers_per_stage == (11, 12, 12, 12, 12, 12, 12, 11)
+        assert violations(case.model, p, case.cluster.num_gpus) == []
+
+
+def test_a_stack_documented_to_interleave_reads_an_unpublished_vp_as_megatron_core_does(tmp_path):
+    """A non-Megatron row with pp > 1 and vp blank keeps vp 1 (DeepSpeed's pipeline, torchtitan's default 1F1B),
+    unless its framework column names Meta or its notes cite the Llama 3 paper, whose stack loops model chunks
+    over the pipeline ranks (Sec. 3.3.2): then the fastest interleaving that fits, with the citation in the
+    note. A Hugging Face id such as meta-llama/... in the notes names no stack."""
+    import csv
+
+    from costmodel.validate import interleaving_options, predict_case
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["source_id"] == "DGXC_BENCH_24.11.1"
+                and r["model_name"] == "Llama3.1-70B" and r["num_gpus"] == "512" and r["precision"] == "bf16")
+    assert (base["pp"], base["vp"]) == ("4", "5")
+    base = {**base, "vp": "", "notes": ""}
+    rows = [{**base, "framework": "other", "notes": "Llama 3 paper (arXiv:2407.21783), Table 4 layout"},
+            {**base, "framework": "Meta internal"},
+            {**base, "framework": "DeepSpeed"},
+            {**base, "framework": "torchtitan", "notes": "meta-llama/Llama-3.1-70B weights"},
+            {**base, "framework": "other"}]
+    cases, errors = load_cases(write_rows(tmp_path / "stacks.csv", rows))
+    assert errors == [] and all(c.plan.framework == "other" and not c.vpp_known for c in cases)
+    cited, meta, deepspeed, titan, other = cases
+    assert "arXiv:2407.21783" in cited.stack_interleaves and meta.stack_interleaves == cited.stack_interleaves
+    assert deepspeed.stack_interleaves == titan.stack_interleaves == other.stack_interleaves == ""
+    for c in (cited, meta):
+        assert [p.vpp for p in interleaving_options(c.plan, c.model, c.cluster.num_gpus, True)] == [1, 2, 4, 5, 10, 20]
+        got = predict_case(c)
+        assert got["plan"].vpp > 1 and got["plan"].framework == "other"
+        assert any(a.startswith(f"vpp={got['plan'].vpp} (not published; the fastest interleaving that fits: "
+                                "Meta's Llama 3 stack") for a in got["assumed"])
+    for c in (deepspeed, titan, other):
+        got = predict_case(c)
+        assert got["plan"].vpp == 1 and "vpp=1 (not published)" in got["assumed"]
+    # 64 micro-batches a pipeline of 4: the 1F1B bubble is 3 / 64 of the step, the most interleaving can save.
+    ratio = predict_case(cited)["predicted_step_time_s"] / predict_case(other)["predicted_step_time_s"]
+    assert 1 - 3 / 64 < ratio < 0.995
+
+
 def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
     """A Llama 2 row without a vocab column gets Llama 2's 32,000 tokens, a Nemotron row Nemotron's 256,000 and its
     architecture (squared-ReLU, LayerNorm1p, no biases or dropout, half rope, untied); a GPT row keeps Megatron's

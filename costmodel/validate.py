@@ -245,7 +245,16 @@ def normalise_numbers(row: dict, assumed: list[str]) -> dict:
 _LABEL = re.compile(r"^(?:tp|pp|cp|ep|dp|vpp?|etp|mbs|gbs|micro[-_ ]?batch|global[-_ ]?batch|gpus?)\s*[=:]?\s*", re.I)
 _ANNOTATED = re.compile(r"(\d+)(?:\s*-?\s*way)?(?:\s*(?:\(.*\)|[,;]?\s*[a-z].*))?", re.I)
 _BLANKS = ("\u2014", "\u2013", "auto", "?", "n.a.", "--")
-_VIRTUAL = re.compile(r"(?:interleav\w*|vpp?|virtual(?:[-_ ]stages?)?)\D{0,3}(\d+)", re.I)
+_VIRTUAL = re.compile(r"(?:interleav\w*?|vpp?|virtual(?:[-_ ]stages?)?)\D{0,3}(\d+)(?![a-z\d])", re.I)
+# Pipeline schedules a vp or pp cell (or, for the looped ones, the notes) may name instead of a chunk count. Looped:
+# model chunks dealt round the pipeline ranks, as Megatron's interleaved 1F1B, PyTorch's Interleaved1F1B and
+# looped BFS, MaxText's circular pipeline; zero-bubble V schedules (ZBV) and DeepSeek's DualPipe also run two or
+# more chunks a rank with a smaller bubble still, and are priced as the interleaving that fits fastest. Flat: one
+# chunk a rank (1F1B, GPipe).
+_LOOPED_SCHEDULE = re.compile(r"interleav|looped|circular[- ]?(?:pipeline|repeat)|virtual[- ]?(?:pipeline|stage)"
+                              r"|zero[- ]?bubble|\bzbv\b|\bzb[- ]?v\b|dualpipe", re.I)
+_FLAT_SCHEDULE = re.compile(r"(?:1f1b|gpipe|non[- ]?interleaved|not interleaved|no interleaving|no|false|off)"
+                            r"(?:\s*\(.*\))?", re.I)
 _VIRTUAL_CELL = re.compile(r"(?:interleav\w*|virtual(?:[-_ ]stages?)?)\W{0,3}(\d+)\W{0,2}", re.I)
 
 
@@ -260,6 +269,14 @@ def _annotated_counts(row: dict, assumed: list[str]) -> dict:
         if raw.lower() in _BLANKS:
             out[col] = ""
             assumed.append(f"{col} blank (from {raw!r})")
+            continue
+        if col == "vp" and _FLAT_SCHEDULE.fullmatch(raw):
+            out[col] = "1"
+            assumed.append(f"vp=1 (from {raw!r}: one model chunk a pipeline rank)")
+            continue
+        if col == "vp" and _LOOPED_SCHEDULE.search(raw) and not _VIRTUAL_CELL.fullmatch(raw):
+            out[col], out[SCHEDULE_KEY] = "", raw
+            assumed.append(f"vp blank ({raw!r} names an interleaved schedule, not its chunks a rank)")
             continue
         text = _LABEL.sub("", _GROUPED.sub(lambda g: g.group(0).replace(",", ""), raw))
         nodes = re.fullmatch(r"(\d+)\s*(?:nodes?\s*)?[x\u00d7*]\s*(\d+)(?:\s*gpus?)?|(\d+)\s*nodes?", text, re.I)
@@ -295,6 +312,8 @@ def _annotated_counts(row: dict, assumed: list[str]) -> dict:
         if virtual and _num(row.get("vp", "")) is None:
             out["vp"] = virtual.group(1)
             assumed.append(f"vp={virtual.group(1)} (from pp {raw!r})")
+        elif col == "pp" and _LOOPED_SCHEDULE.search(text) and _num(row.get("vp", "")) is None:
+            out[SCHEDULE_KEY] = raw   # "4 (Interleaved1F1B)": interleaved, its chunks unpublished
     return out
 
 
@@ -339,6 +358,9 @@ _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairsc
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
 
+# Key under which the CSV reader keeps a vp or pp cell that names an interleaved schedule without its chunk count.
+SCHEDULE_KEY = "_schedule"
+
 # Stacks other than Megatron whose pipeline schedule is documented to be interleaved (model chunks looped over
 # the pipeline ranks): (pattern over the framework column, pattern over the notes and source id, where it is
 # documented). A row of such a stack that leaves vp blank is read as the fastest interleaving that fits, as a
@@ -352,8 +374,15 @@ _INTERLEAVING_STACKS = (
 
 
 def interleaving_stack(row: dict) -> str | None:
-    """Where a row's stack (its framework column, or the paper its notes or source id cite) is one documented to
-    interleave its pipeline (_INTERLEAVING_STACKS): the citation; None otherwise."""
+    """Why a row with vp blank interleaved its pipeline, where it says so: its vp or pp cell or its notes name an
+    interleaved schedule (_LOOPED_SCHEDULE: 'Interleaved1F1B', 'interleaved', 'ZBV'), or its stack (framework
+    column, or the paper its notes or source id cite) is documented to interleave (_INTERLEAVING_STACKS); None
+    otherwise."""
+    if row.get(SCHEDULE_KEY):
+        return f"the row names an interleaved schedule, {row[SCHEDULE_KEY]!r}"
+    named = _LOOPED_SCHEDULE.search(row.get("notes") or "")
+    if named:
+        return f"the notes name an interleaved schedule, {named.group(0)!r}"
     framework = (row.get("framework") or "").lower()
     cited = " ".join(row.get(c) or "" for c in ("notes", "source_id")).lower()
     return next((why for named, cites, why in _INTERLEAVING_STACKS
@@ -1319,7 +1348,11 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                        f"{model.precision} tensor cores)")
     cluster = row_cluster(row, profile)
     plan, known = row_plan(row, model, framework, assumed)
-    looped = interleaving_stack(row) if framework == "other" and plan.pp > 1 else None
+    # Another stack interleaves where the row or its stack's documentation says so; Megatron-LM 2021-2022 and Pax
+    # only where a vp or pp cell names the schedule (their notes' "interleaved schedule" may be the paper's, not the
+    # run's); megatron-core's unpublished vp is searched regardless.
+    looped = None if plan.pp == 1 else interleaving_stack(row) if framework == "other" else (
+        f"the row names an interleaved schedule, {row[SCHEDULE_KEY]!r}" if row.get(SCHEDULE_KEY) else None)
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
     if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
         assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]

@@ -429,6 +429,41 @@ def test_a_stack_documented_to_interleave_reads_an_unpublished_vp_as_megatron_co
     assert 1 - 3 / 64 < ratio < 0.995
 
 
+def test_a_schedule_named_instead_of_a_chunk_count(tmp_path):
+    """A vp cell naming a one-chunk schedule (1F1B, GPipe) is vp 1; one naming an interleaved schedule without its
+    chunk count ('Interleaved1F1B', 'interleaved', ZBV) is a blank vp searched for the fastest interleaving, on
+    any stack, as is a pp cell '4 (Interleaved1F1B)' (which was read as vp 1 before: the 1 of 1F1B); a count
+    beside the word is the count. A non-Megatron row's notes naming an interleaved schedule (torchtitan's
+    Interleaved1F1B) let its blank vp be searched too; a Megatron-LM 2021 row's notes do not (the 2021 paper's
+    'interleaved schedule' names the paper's method, not every run's)."""
+    import csv
+
+    from costmodel.validate import predict_case
+
+    base = next(r for r in csv.DictReader(DATA.open()) if r["source_id"] == "DGXC_BENCH_24.11.1"
+                and r["model_name"] == "Llama3.1-70B" and r["num_gpus"] == "512" and r["precision"] == "bf16")
+    rows = [{**base, "vp": v} for v in ("1F1B", "GPipe", "Interleaved1F1B", "interleaved", "ZBV", "interleaved (5)")]
+    rows += [{**base, "vp": "", "pp": "4 (Interleaved1F1B)"},
+             {**base, "vp": "", "framework": "torchtitan", "notes": "pipeline schedule Interleaved1F1B"},
+             {**base, "vp": "", "framework": "torchtitan", "notes": ""},
+             {**base, "vp": "", "framework": "megatron-lm-2021", "notes": "interleaved schedule (paper Sec. 2.2)"}]
+    cases, errors = load_cases(write_rows(tmp_path / "schedules.csv", rows))
+    assert errors == [] and len(cases) == 10
+    one_f_one_b, gpipe, torch_name, word, zbv, counted, pp_cell, titan_named, titan, old = cases
+    for c in (one_f_one_b, gpipe):
+        assert c.vpp_known and c.plan.vpp == 1 and any(a.startswith("vp=1 (from ") for a in c.assumed)
+    assert counted.vpp_known and counted.plan.vpp == 5
+    for c in (torch_name, word, zbv, pp_cell, titan_named):
+        assert not c.vpp_known and c.plan.pp == 4 and "interleaved schedule" in c.stack_interleaves
+        got = predict_case(c)
+        assert got["plan"].vpp > 1
+        assert any(a.startswith(f"vpp={got['plan'].vpp} (not published; the fastest interleaving that fits: the ")
+                   for a in got["assumed"])
+    assert titan.stack_interleaves == old.stack_interleaves == ""
+    assert predict_case(titan)["plan"].vpp == predict_case(old)["plan"].vpp == 1
+    assert predict_case(titan_named)["predicted_step_time_s"] < predict_case(titan)["predicted_step_time_s"]
+
+
 def test_a_family_the_name_gives_fills_the_fields_a_row_leaves_blank(tmp_path):
     """A Llama 2 row without a vocab column gets Llama 2's 32,000 tokens, a Nemotron row Nemotron's 256,000 and its
     architecture (squared-ReLU, LayerNorm1p, no biases or dropout, half rope, untied); a GPT row keeps Megatron's

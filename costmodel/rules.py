@@ -429,9 +429,15 @@ def _ok_layers_pp(m, c, n, kv):
 
 
 def _msg_layers_pp(m, c, n, kv):
+    counted = ""
+    if (m.layers + 2) % c.pp == 0:
+        # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split split.
+        per = (m.layers + 2) // c.pp
+        counted = (f"; with the embedding and loss counted as a layer each it divides: layers_per_stage "
+                   f"{per - 1},{','.join([str(per)] * (c.pp - 2))},{per - 1}")
     return (
         f"pp={c.pp} does not divide layers={m.layers}; valid pp: {_fmt(divisors(m.layers))} "
-        f"(or give layers_per_stage for an uneven split)"
+        f"(or give layers_per_stage for an uneven split{counted})"
     )
 
 

@@ -134,6 +134,21 @@ def test_llama70b_pp3_rejected_with_valid_pp_list():
     assert "valid pp: 1, 2, 4, 5, 8, 10, 16, 20, 40, 80" in found[0]
 
 
+def test_a_pp_that_divides_with_the_embedding_and_loss_counted_names_that_split():
+    # 80 + 2 over pp 3 does not divide: no suggestion. 126 + 2 over pp 16 (Llama 3.1 405B) does: the message gives
+    # the split Megatron's --account-for-embedding/loss-in-pipeline-split runs, which the rules then accept.
+    found = violations(LLAMA3_70B, plan(tp=8, pp=3, dp=16, global_batch=1536))
+    assert "embedding and loss" not in found[0]
+    m405 = LLAMA3_70B.model_copy(update={"layers": 126})
+    found = violations(m405, plan(tp=8, pp=16, dp=4, global_batch=1536))
+    assert len(found) == 1
+    assert found[0].endswith("with the embedding and loss counted as a layer each it divides: layers_per_stage "
+                             "7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7)")
+    split = (7,) + (8,) * 14 + (7,)
+    assert sum(split) == 126
+    assert violations(m405, plan(tp=8, pp=16, dp=4, global_batch=1536, layers_per_stage=split)) == []
+
+
 def test_llama70b_uneven_split_accepts_pp3():
     p = plan(tp=8, pp=3, dp=16, global_batch=1536, layers_per_stage=(26, 27, 27))
     assert violations(LLAMA3_70B, p) == []

@@ -144,7 +144,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
     calibrates the base profile, which predicts the rows of the group's other models.
     other_models_same_release: the same inside each software release of a source (source, release, GPU).
     Each figure comes with the same rows' error before calibration, and per-group details.
-    ``other_models_weight`` replaces the calibrated profiles' Calibration.other_models_weight (None: as fitted).
+    ``other_models_weight`` replaces both transfer weights of the calibrated profiles (Calibration.other_models_weight
+    and other_kind_weight; None: as fitted).
     """
     profiles = profiles or {}
     base_cache: dict[str, HardwareProfile] = {}
@@ -173,7 +174,8 @@ def one_run_calibration_cv(cases: list, profiles: dict[str, HardwareProfile] | N
             cal, _ = recalibrate(measurements_for(list(anchors), {gpu: prof}), prof,
                                  fitted_by=f"one-run calibration on row(s) {', '.join(map(str, key))}")
             if other_models_weight is not None:
-                cal = cal.model_copy(update={"other_models_weight": other_models_weight})
+                cal = cal.model_copy(update={"other_models_weight": other_models_weight,
+                                             "other_kind_weight": other_models_weight})
             fitted[key] = prof.model_copy(update={"calibration": cal})
         return fitted[key]
 

@@ -104,6 +104,16 @@ FACTOR_MIN = 1e-3
 FACTOR_MAX = 1e3
 
 
+# Calibration fields that are weights of an update, not factors of the model.
+_WEIGHTS = ("other_models_weight", "other_kind_weight")
+
+
+def model_kind(model) -> str:
+    """A model's kind, as a calibration's transfer to models not measured distinguishes them: dense or MoE, and
+    its precision ('moe/mxfp8')."""
+    return f"{'moe' if model.num_experts > 0 else 'dense'}/{model.precision}"
+
+
 class Calibration(FrozenSpec):
     """Efficiency factors fitted by ``scripts/fit_profiles.py`` (never by hand)."""
 
@@ -151,8 +161,16 @@ class Calibration(FrozenSpec):
     uncalibrated: dict[str, float] = {}
     """The values ``plan calibrate`` moved, as they were before it."""
     other_models_weight: float = Field(default=1.0, ge=0, le=1)
-    """Share of the calibration update (in log space) that carries to a model that was not measured: 1 all of
-    it, 0 none (costmodel/recalibrate.py OTHER_MODELS_WEIGHT, chosen by cross-validation)."""
+    """Share of the calibration update (in log space) that carries to a model that was not measured but is of a
+    measured kind (``measured_kinds``: dense or MoE, and precision): 1 all of it, 0 none
+    (costmodel/recalibrate.py OTHER_MODELS_WEIGHT, chosen by cross-validation)."""
+    measured_kinds: tuple[str, ...] = ()
+    """Kinds (:func:`model_kind`: 'dense/bf16', 'moe/mxfp8', ...) of the runs ``plan calibrate`` fitted these
+    factors to; empty for a shipped profile, and in a profile calibrated before they were recorded (every model
+    not measured then gets ``other_models_weight``)."""
+    other_kind_weight: float = Field(default=1.0, ge=0, le=1)
+    """Share of the update that carries to a model of a kind none of the measured runs was
+    (costmodel/recalibrate.py OTHER_KIND_WEIGHT)."""
     per_model: dict[str, dict[str, float]] = {}
     """Where ``plan calibrate`` measured several architectures: per architecture (a measured_models key), the
     factor values fitted to that architecture's runs alone, which it gets in place of the pooled update above
@@ -167,7 +185,7 @@ class Calibration(FrozenSpec):
         for where, values in maps:
             for name, value in values.items():
                 field = type(self).model_fields.get(name)
-                if field is None or field.annotation is not float or name == "other_models_weight":
+                if field is None or field.annotation is not float or name in _WEIGHTS:
                     raise ValueError(f"{where}: {name!r} is not a calibration factor; expected one of "
                                      f"{', '.join(_FACTOR_NAMES)}")
                 low = next(m.ge for m in field.metadata if getattr(m, "ge", None) is not None)
@@ -177,7 +195,7 @@ class Calibration(FrozenSpec):
         return self
 
 
-_FACTOR_NAMES = [n for n, f in Calibration.model_fields.items() if f.annotation is float and n != "other_models_weight"]
+_FACTOR_NAMES = [n for n, f in Calibration.model_fields.items() if f.annotation is float and n not in _WEIGHTS]
 
 
 # A GEMM dtype and those it falls back to, narrowest first, where a profile has no figure for it (any other: bf16).
@@ -274,8 +292,16 @@ class HardwareProfile(FrozenSpec):
         """Whether ``model`` gets the calibration as it stands: a shipped profile, a weight of 1, or a model
         among those plan calibrate measured."""
         cal = self.calibration
-        return not cal.measured_models or cal.other_models_weight >= 1.0 or \
+        return not cal.measured_models or self._transfer_weight(model) >= 1.0 or \
             model.architecture_key() in cal.measured_models
+
+    def _transfer_weight(self, model) -> float:
+        """The share of a plan calibrate update that ``model``, not measured, gets: other_models_weight for a kind
+        the measured runs were (or where the kinds were not recorded), other_kind_weight otherwise."""
+        cal = self.calibration
+        if not cal.measured_kinds or model_kind(model) in cal.measured_kinds:
+            return cal.other_models_weight
+        return cal.other_kind_weight
 
     def for_model(self, model) -> HardwareProfile:
         """The profile as it predicts ``model`` (a ModelSpec): unchanged, unless its calibration was measured on
@@ -287,11 +313,11 @@ class HardwareProfile(FrozenSpec):
         own = cal.per_model.get(model.architecture_key()) if cal.per_model else None
         if own is not None:
             return self.model_copy(update={"calibration": cal.model_copy(update={
-                **own, "measured_models": (), "uncalibrated": {}, "per_model": {}})})
+                **own, "measured_models": (), "measured_kinds": (), "uncalibrated": {}, "per_model": {}})})
         if self._update_in_full(model):
             return self
-        w = cal.other_models_weight
-        upd: dict = {"measured_models": (), "uncalibrated": {}, "per_model": {}}
+        w = self._transfer_weight(model)
+        upd: dict = {"measured_models": (), "measured_kinds": (), "uncalibrated": {}, "per_model": {}}
         for name, before in cal.uncalibrated.items():
             now = getattr(cal, name)
             upd[name] = (before ** (1.0 - w) * now ** w) if before > 0 and now > 0 else before + w * (now - before)
@@ -314,8 +340,10 @@ class HardwareProfile(FrozenSpec):
         if self._update_in_full(model):
             return f"profile {self.name} calibrated by {cal.fitted_by}: the update applies in full to {model.name}"
         n = len(cal.measured_models)
-        return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''} "
-                f"({cal.fitted_by}): {model.name} gets {cal.other_models_weight:.0%} of that update")
+        kind = "" if not cal.measured_kinds or model_kind(model) in cal.measured_kinds else \
+            f", none of its kind ({model_kind(model)}; measured: {', '.join(cal.measured_kinds)})"
+        return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''}{kind} "
+                f"({cal.fitted_by}): {model.name} gets {self._transfer_weight(model):.0%} of that update")
 
     @model_validator(mode="before")
     @classmethod

@@ -11,11 +11,12 @@ factors as the runs determine and leaves the rest at the profile's values:
   values (``costmodel.fit.fit_calibration`` with ``center``), so the update shrinks towards the profile
   and not towards the un-fitted defaults.
 
-The calibrated profile remembers the architectures it was measured on. They get the update as fitted; another
-model gets OTHER_MODELS_WEIGHT of it (HardwareProfile.for_model), because a run's offset from the shipped
-profile is mostly its model's and only partly its software stack's. Runs of several architectures give each of
-them the update its own runs determine (Calibration.per_model) and leave the update pooled over all of them to
-the models not measured.
+The calibrated profile remembers the architectures it was measured on and their kinds (dense or MoE, and
+precision). They get the update as fitted; another model of a measured kind gets OTHER_MODELS_WEIGHT of it, one of
+another kind OTHER_KIND_WEIGHT (HardwareProfile.for_model), because a run's offset from the shipped profile is
+mostly its model's and only partly its software stack's, and the factor one run moves is often one only its kind
+exercises. Runs of several architectures give each of them the update its own runs determine
+(Calibration.per_model) and leave the update pooled over all of them to the models not measured.
 
 How the schemes compare was measured with costmodel/crossval.py :func:`one_run_calibration_cv` on data/validation/published_runs.csv
 (README, "Calibrate the model to your cluster"). Pure: specs in, numbers out; no files.
@@ -27,7 +28,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from costmodel.fit import FACTORS, Measurement, factor_bounds, factor_rows, fit_calibration, predict, relevant_factors
-from costmodel.profiles import Calibration, HardwareProfile
+from costmodel.profiles import Calibration, HardwareProfile, model_kind
 
 # Factors a handful of runs cannot pin down: the GEMM shape curve needs many shapes, the host overhead
 # executor runs on CPU processes.
@@ -40,13 +41,18 @@ PROBE = 1.1   # factor change used to measure how strongly a run depends on a fa
 # all on the model it was measured on, so the weight favours that.
 ONE_RUN_PRIOR_SCALE = 0.02
 # Share of a calibration update (log space) that a calibrated profile carries to models it was not measured on
-# (Calibration.other_models_weight); the measured models get all of it. Chosen by the other-models one-run
-# calibration inside held-out sources (scripts/choose_other_models_weight.py), MAPE / median over all 3,019
-# pairs, MAPE averaged per source (with the factor chosen by POOLED_RUN_WEIGHT below): 0: 11.89 / 7.55, 8.56;
-# 0.1: 11.76 / 7.40, 8.37; 0.2: 11.74 / 7.35, 8.25; 0.3: 11.83 / 7.49, 8.21; 0.5: 12.30 / 7.62, 8.31;
-# 1 (the update as it is): 14.65 / 8.61, 9.64. A run's offset from the profile is mostly its model's, not its
-# stack's.
-OTHER_MODELS_WEIGHT = 0.2
+# (Calibration.other_models_weight: those of a kind its runs were, dense or MoE and precision; other_kind_weight:
+# any other); the measured models get all of it. Chosen by the other-models one-run calibration inside held-out
+# sources (scripts/choose_other_models_weight.py, 2026-12-07), MAPE over all pairs (per-source MAPE) for the
+# (source, GPU) groups, 3,019 pairs | the (source, release, GPU) groups, 1,651 pairs: one weight for every model,
+# 0: 10.29 (7.12) | 9.58 (7.08); 0.2: 10.20 (6.75) | 9.38 (6.67); 0.3: 10.25 (6.62) | 9.40 (6.52); 0.5: 10.56
+# (6.51) | 9.67 (6.37); 1: 12.64 (7.28) | 11.53 (7.04). Split by kind, the same kind's pairs are best at 0.3-0.5
+# (8.61 / 8.30% against 8.66 / 8.56% at 0.2) and the other kinds' at 0-0.1 (11.17-11.18 / 10.13%): the factor a
+# run moves most is often one that only its kind exercises. 0.3 and 0.1: 10.15 (6.60) | 9.28 (6.50), better than
+# 0.2 for both on all four figures; 0.5 and 0.1: 10.24 (6.44) | 9.22 (6.28). A run's offset from the profile is mostly its
+# model's, not its stack's.
+OTHER_MODELS_WEIGHT = 0.3
+OTHER_KIND_WEIGHT = 0.1
 # Weight of a run of another GPU type, against one of the profile's own, in how firmly the fit pinned a factor
 # down (factor_support). Chosen with the one-run calibration inside held-out sources
 # (scripts/choose_one_run_support.py), MAPE / median % for same model | same release | other models:
@@ -239,8 +245,11 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
     own, pooled = dict(prior.fitted_rows), dict(prior.fitted_rows_pooled)
     for n, k in new_runs.items():
         own[n], pooled[n] = own.get(n, 0) + k, pooled.get(n, 0) + k
+    kinds = set(prior.measured_kinds) | {model_kind(m.model) for m in measurements}
     cal = cal.model_copy(update={"measured_models": tuple(sorted(models)), "uncalibrated": moved,
-                                 "other_models_weight": OTHER_MODELS_WEIGHT, "fitted_rows": own,
+                                 "measured_kinds": tuple(sorted(kinds)),
+                                 "other_models_weight": OTHER_MODELS_WEIGHT, "other_kind_weight": OTHER_KIND_WEIGHT,
+                                 "fitted_rows": own,
                                  "fitted_rows_pooled": pooled, "per_model": per_model})
     measured = np.array([m.step_time_s for m in measurements])
     before = predict(measurements, profile)
@@ -255,7 +264,8 @@ def recalibrate(measurements: list[Measurement], profile: HardwareProfile, *, fi
               "support": {n: round(factor_support(profile, n), 1) for n in sens},
               "ranked": list(sens),
               "mape_before": ape(before), "mape_after": ape(after),
-              "measured_models": list(cal.measured_models), "other_models_weight": cal.other_models_weight,
+              "measured_models": list(cal.measured_models), "measured_kinds": list(cal.measured_kinds),
+              "other_models_weight": cal.other_models_weight, "other_kind_weight": cal.other_kind_weight,
               "per_model": {names_of.get(k, k): {n: round(v, 4) for n, v in vals.items()}
                             for k, vals in per_model.items() if k in archs}}
     return cal, report

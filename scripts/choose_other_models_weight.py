@@ -1,5 +1,6 @@
 """Choose how much of a one-run calibration carries to other models (costmodel/recalibrate.py
-OTHER_MODELS_WEIGHT).
+OTHER_MODELS_WEIGHT for a model of the measured runs' kind, dense or MoE, and precision; OTHER_KIND_WEIGHT for
+any other).
 
 For each source of the published runs: fit the profiles without it (as ``plan validate --cross-validate``
 does), then in each (source, GPU) group with two or more models calibrate on each model's first run and
@@ -40,7 +41,8 @@ def fold(args: tuple[str, str]) -> tuple[str, dict[str, dict[float, list[float]]
     path, source = args
     cases, _ = load_cases(path)
     profiles, _ = fit_profiles(cases, fitted_by=f"without {source}", exclude=lambda c: held_out(c, "source", source))
-    errors = {key: {w: [] for w in WEIGHTS} for key in ("all", "release", "release_same_kind", "release_other_kind")}
+    errors = {key: {w: [] for w in WEIGHTS} for key in ("all", "all_same_kind", "all_other_kind", "release",
+                                                        "release_same_kind", "release_other_kind")}
     calibrated: dict[int, object] = {}
     for by_release in (False, True):
         groups: dict[tuple, list] = {}
@@ -60,23 +62,25 @@ def fold(args: tuple[str, str]) -> tuple[str, dict[str, dict[float, list[float]]
                                                             fitted_by="one run")
                 cal = calibrated[anchor.row]
                 for w in WEIGHTS:
-                    prof = base.model_copy(update={"calibration": cal.model_copy(update={"other_models_weight": w})})
+                    prof = base.model_copy(update={"calibration": cal.model_copy(
+                        update={"other_models_weight": w, "other_kind_weight": w})})
                     for t in rows:
                         if t.model.name == name:
                             continue
                         e = abs_percent_error(predict_case(t, prof)["predicted_step_time_s"], t.published_step_time_s)
-                        if not by_release:
-                            errors["all"][w].append(e)
-                            continue
-                        errors["release"][w].append(e)
+                        key = "release" if by_release else "all"
+                        errors[key][w].append(e)
                         same = _kind(t) == _kind(anchor)
-                        errors["release_same_kind" if same else "release_other_kind"][w].append(e)
+                        errors[f"{key}_same_kind" if same else f"{key}_other_kind"][w].append(e)
     return source, errors
 
 
 def main() -> int:
     args, per_source = run(__doc__, fold, "write the per-source errors to this file")
-    titles = {"all": "(source, GPU) groups", "release": "(source, release, GPU) groups",
+    titles = {"all": "(source, GPU) groups",
+              "all_same_kind": "  of them, anchor and target of one kind (dense / MoE) and precision",
+              "all_other_kind": "  of them, of another kind or precision",
+              "release": "(source, release, GPU) groups",
               "release_same_kind": "  of them, anchor and target of one kind (dense / MoE) and precision",
               "release_other_kind": "  of them, of another kind or precision"}
     for key, title in titles.items():
@@ -87,6 +91,20 @@ def main() -> int:
             by_src = [float(np.mean(e[key][w])) for e in per_source.values() if e[key][w]]
             if every:
                 print(f"{w:>6} {len(every):>6} {np.mean(every):>7.2f} {np.median(every):>9.2f} {np.mean(by_src):>18.2f}")
+    # The two weights a calibrated profile carries (Calibration.other_models_weight for a model of the measured
+    # runs' kind and precision, other_kind_weight for any other), each pair's errors over all pairs of each grouping.
+    for key, title in (("all", "(source, GPU) groups"), ("release", "(source, release, GPU) groups")):
+        print(f"{title}: same kind weight x other kind weight, MAPE % over all pairs (per-source MAPE %)")
+        print(f"{'same':>6} " + " ".join(f"{'other ' + str(w):>15}" for w in WEIGHTS))
+        for ws in WEIGHTS:
+            cells = []
+            for wo in WEIGHTS:
+                same = {s: e[f"{key}_same_kind"][ws] for s, e in per_source.items()}
+                other = {s: e[f"{key}_other_kind"][wo] for s, e in per_source.items()}
+                every = [x for s in per_source for x in same[s] + other[s]]
+                by_src = [float(np.mean(same[s] + other[s])) for s in per_source if same[s] + other[s]]
+                cells.append(f"{np.mean(every):>6.2f} ({np.mean(by_src):>5.2f})")
+            print(f"{ws:>6} " + " ".join(f"{c:>15}" for c in cells))
     if args.json:
         Path(args.json).write_text(json.dumps({s: {k: {str(w): v for w, v in ew.items()} for k, ew in e.items()}
                                                for s, e in per_source.items()}))

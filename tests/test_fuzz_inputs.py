@@ -410,6 +410,7 @@ H100_PROFILE = yaml.safe_load((ROOT / "hardware_profiles" / "gpus" / "H100.yaml"
 CAL_FIELDS = ["calibration.gemm_efficiency", "calibration.fp8_gemm_efficiency", "calibration.moe_overhead",
               "calibration.comm_exposed", "calibration.memory_bound_efficiency", "calibration.attention_efficiency",
               "calibration.a2a_time", "calibration.layer_overhead_s", "calibration.other_models_weight",
+              "calibration.other_kind_weight", "calibration.measured_kinds",
               "calibration.measured_models", "calibration.uncalibrated", "calibration.per_model",
               "calibration.uncalibrated.gemm_efficiency", "memory_bytes.value", "hbm_bandwidth_bytes_per_s.value",
               "peak_flops.bf16.value", "usable_memory_fraction", "nvlink_bandwidth_bytes_per_s.value", "name"]
@@ -428,8 +429,9 @@ def test_calibrated_profile_reader(workdir, edits, measured):
     from costmodel.profiles import load_profile
 
     base = json.loads(json.dumps(H100_PROFILE))
-    if measured:   # as plan calibrate writes it: measured on the 8B, 20% to other models
-        base["calibration"].update(measured_models=[DENSE_KEY], other_models_weight=0.2,
+    if measured:   # as plan calibrate writes it: measured on the 8B, 30% to other dense bf16 models, 10% to others
+        base["calibration"].update(measured_models=[DENSE_KEY], measured_kinds=["dense/bf16"], other_models_weight=0.3,
+                                   other_kind_weight=0.1,
                                    uncalibrated={"gemm_efficiency": base["calibration"].get("gemm_efficiency", 1.0)})
     p = _write(_fresh(workdir), "cal.yaml", yaml.safe_dump(_mutate(base, edits), sort_keys=False))
     prof = _read(load_profile, str(p))

@@ -279,8 +279,8 @@ def test_shipped_profiles_count_the_runs_they_were_fitted_to():
 
 
 def test_a_calibrated_profile_carries_part_of_its_update_to_other_models(tmp_path):
-    """The measured architecture gets the fitted factor; another model OTHER_MODELS_WEIGHT of the update in log
-    space, at any sequence length the measured one keeps all of it; a shipped profile is never moved; the
+    """The measured architecture gets the fitted factor; another model of its kind OTHER_MODELS_WEIGHT of the update
+    in log space, at any sequence length the measured one keeps all of it; a shipped profile is never moved; the
     calibrated YAML round-trips; calibrating again keeps what the first calibration started from."""
     from costmodel.recalibrate import OTHER_MODELS_WEIGHT
     from costmodel.specs import ModelSpec
@@ -292,12 +292,13 @@ def test_a_calibrated_profile_carries_part_of_its_update_to_other_models(tmp_pat
     fitted = prof.model_copy(update={"calibration": cal})
     g0, g1 = prof.calibration.gemm_efficiency, cal.gemm_efficiency
     assert cal.measured_models == (m.model.architecture_key(),) and cal.uncalibrated == {"gemm_efficiency": g0}
-    assert OTHER_MODELS_WEIGHT == cal.other_models_weight == 0.2
+    assert OTHER_MODELS_WEIGHT == cal.other_models_weight == 0.3
+    assert cal.measured_kinds == (f"dense/{m.model.precision}",)
     other = ModelSpec.model_validate({**m.model.model_dump(), "layers": m.model.layers + 2, "name": "other"})
     longer = m.model.model_copy(update={"seq_len": 2 * m.model.seq_len, "name": "renamed"})
     assert fitted.for_model(m.model) is fitted and fitted.for_model(longer) is fitted
     moved = fitted.for_model(other)
-    assert moved.calibration.gemm_efficiency == pytest.approx(g0 * (g1 / g0) ** 0.2, rel=1e-12)
+    assert moved.calibration.gemm_efficiency == pytest.approx(g0 * (g1 / g0) ** 0.3, rel=1e-12)
     assert moved.for_model(other) is moved and prof.for_model(other) is prof
     p_other = predict([Measurement(other, m.cluster, m.plan, 1.0)], fitted)[0]
     p_base = predict([Measurement(other, m.cluster, m.plan, 1.0)], prof)[0]
@@ -310,6 +311,44 @@ def test_a_calibrated_profile_carries_part_of_its_update_to_other_models(tmp_pat
     assert load_profile(str(out)).calibration == cal
     again, _ = recalibrate([shifted(m, fitted, 1.05)], fitted, fitted_by="again")
     assert again.uncalibrated["gemm_efficiency"] == g0 and again.measured_models == cal.measured_models
+
+
+def test_a_model_of_another_kind_gets_less_of_a_calibration(tmp_path):
+    """A dense bf16 run's update carries OTHER_MODELS_WEIGHT of the way to another dense bf16 model and only
+    OTHER_KIND_WEIGHT to an MoE model or to the same model in fp8 (the kinds are dense or MoE, and precision);
+    a profile calibrated before the kinds were recorded gives every model not measured OTHER_MODELS_WEIGHT; the
+    kinds round-trip through the calibrated YAML and plan calibrate again adds the new runs' kinds."""
+    from costmodel.catalog import get_model
+    from costmodel.profiles import model_kind
+    from costmodel.recalibrate import OTHER_KIND_WEIGHT, OTHER_MODELS_WEIGHT
+    from costmodel.specs import ModelSpec
+    from executor.calibrate import write_calibrated_profile
+
+    assert (OTHER_MODELS_WEIGHT, OTHER_KIND_WEIGHT) == (0.3, 0.1)
+    prof = load_profile("H100")
+    m = shifted(parse_megatron_log(log_text(), "x.log", gpu="H100").measurement, prof, 1.15)
+    assert model_kind(m.model) == "dense/bf16"
+    cal, report = recalibrate([m], prof, fitted_by="test")
+    assert report["measured_kinds"] == ["dense/bf16"] and report["other_kind_weight"] == 0.1
+    fitted = prof.model_copy(update={"calibration": cal})
+    g0, g1 = prof.calibration.gemm_efficiency, cal.gemm_efficiency
+    dense = ModelSpec.model_validate({**m.model.model_dump(), "layers": m.model.layers + 2, "name": "other"})
+    fp8 = dense.model_copy(update={"precision": "fp8"})
+    moe = get_model("mixtral-8x7b")
+    assert model_kind(fp8) == "dense/fp8" and model_kind(moe) == "moe/bf16"
+    assert fitted.for_model(dense).calibration.gemm_efficiency == pytest.approx(g0 * (g1 / g0) ** 0.3, rel=1e-12)
+    for other in (fp8, moe):
+        assert fitted.for_model(other).calibration.gemm_efficiency == pytest.approx(g0 * (g1 / g0) ** 0.1, rel=1e-12)
+        assert "none of its kind" in fitted.calibration_scope(other) and "gets 10% of that update" in \
+            fitted.calibration_scope(other)
+    assert "gets 30% of that update" in fitted.calibration_scope(dense)
+    legacy = prof.model_copy(update={"calibration": cal.model_copy(update={"measured_kinds": ()})})
+    assert legacy.for_model(moe).calibration.gemm_efficiency == pytest.approx(g0 * (g1 / g0) ** 0.3, rel=1e-12)
+    out = tmp_path / "cal.yaml"
+    write_calibrated_profile(Path("hardware_profiles/gpus/H100.yaml"), cal, out)
+    assert load_profile(str(out)).calibration == cal
+    again, _ = recalibrate([Measurement(fp8, m.cluster, m.plan, m.step_time_s)], fitted, fitted_by="again")
+    assert again.measured_kinds == ("dense/bf16", "dense/fp8")
 
 
 def test_runs_of_several_models_calibrate_each_model_on_its_own_runs(tmp_path):
@@ -343,7 +382,7 @@ def test_runs_of_several_models_calibrate_each_model_on_its_own_runs(tmp_path):
     other = ModelSpec.model_validate({**small[0].model.model_dump(), "layers": 40, "name": "other"})
     moved = fitted.for_model(other).calibration
     for n, before in cal.uncalibrated.items():
-        assert getattr(moved, n) == pytest.approx(before * (getattr(cal, n) / before) ** 0.2, rel=1e-9)
+        assert getattr(moved, n) == pytest.approx(before * (getattr(cal, n) / before) ** 0.3, rel=1e-9)
     assert "its own runs" in fitted.calibration_scope(small[0].model)
     out = tmp_path / "cal.yaml"
     write_calibrated_profile(Path("hardware_profiles/gpus/H100.yaml"), cal, out)
@@ -486,7 +525,7 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     from costmodel.catalog import catalog
 
     # The logged model is the catalog's 8b, so the plans below get the update in full.
-    assert rep["measured_models"] == [catalog()["8b"].architecture_key()] and rep["other_models_weight"] == 0.2
+    assert rep["measured_models"] == [catalog()["8b"].architecture_key()] and rep["other_models_weight"] == 0.3
     assert catalog()["8b"].model_copy(update={"vocab": 128512}).architecture_key() == rep["measured_models"][0]
     assert rep["inputs"][0]["iterations_skipped"] == [1, 2, 3]
     assert rep["runs"][0]["measured_s"] == pytest.approx(statistics.median(LOGGED_MS[3:]) / 1e3)
@@ -500,7 +539,7 @@ def test_calibrate_on_a_log_and_plan_with_the_profile(tmp_path, capsys):
     assert json.loads(mine)["calibration"].endswith("the update applies in full to 8b")
     rc, other, _ = run_cli(capsys, ["check", "--model", "70b", "--cluster", "h100x512", "--tp", "8", "--pp", "4",
                                     "--json", "--profile", str(cal)])
-    assert json.loads(other)["calibration"].endswith("70b gets 20% of that update")
+    assert json.loads(other)["calibration"].endswith("70b gets 30% of that update")
     shift = rep["runs"][0]["after_s"] / rep["runs"][0]["before_s"]   # what calibration did to the logged run
     assert abs(shift - 1) > 0.02
     assert t1 / t0 == pytest.approx(shift, abs=0.5 * abs(shift - 1))   # ... it does to a similar layout

@@ -295,13 +295,16 @@ class HardwareProfile(FrozenSpec):
         return not cal.measured_models or self._transfer_weight(model) >= 1.0 or \
             model.architecture_key() in cal.measured_models
 
+    def _of_measured_kind(self, model) -> bool:
+        """Whether ``model`` is of a kind plan calibrate measured (or the kinds were not recorded)."""
+        kinds = self.calibration.measured_kinds
+        return not kinds or model_kind(model) in kinds
+
     def _transfer_weight(self, model) -> float:
         """The share of a plan calibrate update that ``model``, not measured, gets: other_models_weight for a kind
-        the measured runs were (or where the kinds were not recorded), other_kind_weight otherwise."""
+        the measured runs were, other_kind_weight otherwise."""
         cal = self.calibration
-        if not cal.measured_kinds or model_kind(model) in cal.measured_kinds:
-            return cal.other_models_weight
-        return cal.other_kind_weight
+        return cal.other_models_weight if self._of_measured_kind(model) else cal.other_kind_weight
 
     def for_model(self, model) -> HardwareProfile:
         """The profile as it predicts ``model`` (a ModelSpec): unchanged, unless its calibration was measured on
@@ -340,7 +343,7 @@ class HardwareProfile(FrozenSpec):
         if self._update_in_full(model):
             return f"profile {self.name} calibrated by {cal.fitted_by}: the update applies in full to {model.name}"
         n = len(cal.measured_models)
-        kind = "" if not cal.measured_kinds or model_kind(model) in cal.measured_kinds else \
+        kind = "" if self._of_measured_kind(model) else \
             f", none of its kind ({model_kind(model)}; measured: {', '.join(cal.measured_kinds)})"
         return (f"profile {self.name} calibrated on {n} other architecture{'s' if n > 1 else ''}{kind} "
                 f"({cal.fitted_by}): {model.name} gets {self._transfer_weight(model):.0%} of that update")

@@ -49,8 +49,8 @@ ONE_RUN_PRIOR_SCALE = 0.02
 # (6.51) | 9.67 (6.37); 1: 12.64 (7.28) | 11.53 (7.04). Split by kind, the same kind's pairs are best at 0.3-0.5
 # (8.61 / 8.30% against 8.66 / 8.56% at 0.2) and the other kinds' at 0-0.1 (11.17-11.18 / 10.13%): the factor a
 # run moves most is often one that only its kind exercises. 0.3 and 0.1: 10.15 (6.60) | 9.28 (6.50), better than
-# 0.2 for both on all four figures; 0.5 and 0.1: 10.24 (6.44) | 9.22 (6.28). A run's offset from the profile is mostly its
-# model's, not its stack's.
+# 0.2 for both on all four figures; 0.5 and 0.1: 10.24 (6.44) | 9.22 (6.28). A run's offset from the profile is
+# mostly its model's, not its stack's.
 OTHER_MODELS_WEIGHT = 0.3
 OTHER_KIND_WEIGHT = 0.1
 # Weight of a run of another GPU type, against one of the profile's own, in how firmly the fit pinned a factor

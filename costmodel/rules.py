@@ -68,7 +68,7 @@ import numpy as np
 
 from costmodel.memory import FULL_PRECISION
 from costmodel.profiles import InputError
-from costmodel.plan import ParallelPlan, num_microbatches
+from costmodel.plan import ParallelPlan, even_split, num_microbatches
 from costmodel.specs import ModelSpec
 
 __all__ = [
@@ -431,10 +431,10 @@ def _ok_layers_pp(m, c, n, kv):
 def _msg_layers_pp(m, c, n, kv):
     counted = ""
     if (m.layers + 2) % c.pp == 0:
-        # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split split.
-        per = (m.layers + 2) // c.pp
+        # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split split: the
+        # first and last stages a layer short, which is the even split with its remainder in the middle stages.
         counted = (f"; with the embedding and loss counted as a layer each it divides: layers_per_stage "
-                   f"{per - 1},{','.join([str(per)] * (c.pp - 2))},{per - 1}")
+                   f"{','.join(map(str, even_split(m.layers, c.pp)))}")
     return (
         f"pp={c.pp} does not divide layers={m.layers}; valid pp: {_fmt(divisors(m.layers))} "
         f"(or give layers_per_stage for an uneven split{counted})"

@@ -373,13 +373,16 @@ _INTERLEAVING_STACKS = (
 )
 
 
-def interleaving_stack(row: dict) -> str | None:
-    """Why a row with vp blank interleaved its pipeline, where it says so: its vp or pp cell or its notes name an
-    interleaved schedule (_LOOPED_SCHEDULE: 'Interleaved1F1B', 'interleaved', 'ZBV'), or its stack (framework
-    column, or the paper its notes or source id cite) is documented to interleave (_INTERLEAVING_STACKS); None
-    otherwise."""
+def interleaving_stack(row: dict, other_stack: bool) -> str | None:
+    """Why a row with vp blank interleaved its pipeline, where it says so: its vp or pp cell names an interleaved
+    schedule (_LOOPED_SCHEDULE: 'Interleaved1F1B', 'interleaved', 'ZBV'); and, for a stack other than Megatron or
+    Pax (``other_stack``), its notes name one or its stack (framework column, or the paper its notes or source id
+    cite) is documented to interleave (_INTERLEAVING_STACKS). Megatron-LM 2021-2022 notes saying "interleaved
+    schedule" may name the paper's method, not the run's. None otherwise."""
     if row.get(SCHEDULE_KEY):
         return f"the row names an interleaved schedule, {row[SCHEDULE_KEY]!r}"
+    if not other_stack:
+        return None
     named = _LOOPED_SCHEDULE.search(row.get("notes") or "")
     if named:
         return f"the notes name an interleaved schedule, {named.group(0)!r}"
@@ -1348,11 +1351,8 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                        f"{model.precision} tensor cores)")
     cluster = row_cluster(row, profile)
     plan, known = row_plan(row, model, framework, assumed)
-    # Another stack interleaves where the row or its stack's documentation says so; Megatron-LM 2021-2022 and Pax
-    # only where a vp or pp cell names the schedule (their notes' "interleaved schedule" may be the paper's, not the
-    # run's); megatron-core's unpublished vp is searched regardless.
-    looped = None if plan.pp == 1 else interleaving_stack(row) if framework == "other" else (
-        f"the row names an interleaved schedule, {row[SCHEDULE_KEY]!r}" if row.get(SCHEDULE_KEY) else None)
+    # megatron-core's unpublished vp is searched regardless; another stack's where the row says it interleaved.
+    looped = interleaving_stack(row, framework == "other") if plan.pp > 1 else None
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
     if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
         assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]

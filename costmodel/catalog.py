@@ -46,6 +46,9 @@ GROK_1_UNEXPRESSED = (
     "an RMSNorm after attention and after the MoE block as well as before each (four per layer)",
     "embedding and output multipliers (78.38 and 0.577)",
 )
+# Nemotron-H / Nemotron 3 (hybrid Mamba) facts shared by the entries below (they cite them).
+_NEMOTRON_H = dict(vocab=131072, gated_mlp=False, activation="squared_relu", normalization="RMSNorm",
+                   norm_epsilon=1e-5, linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0)
 # DeepSeek-V3's fields (its entry below cites them); Kimi K2 is the same architecture with other sizes.
 _DEEPSEEK_V3 = dict(layers=61, hidden=7168, ffn_hidden=18432, heads=128, head_dim=128, vocab=129280,
                     seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048, shared_experts=1,
@@ -303,6 +306,67 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              norm_epsilon=1e-5, linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
              rotary_base=10000.0, rotary_percent=0.5),
     ),
+    # Hybrid Mamba-2 / Transformer models, as Megatron-Bridge builds them (src/megatron/bridge/models/nemotronh/
+    # nemotron_h_provider.py: NemotronHModelProvider and its sizes; mamba/mamba_provider.py: no position
+    # embeddings, which planner/outputs.py writes for any hybrid model; RMSNorm 1e-5, no biases, no dropout, untied
+    # output layer), vocabulary 131,072 (the models' config.json vocab_size). Non-gated squared-ReLU MLPs, GQA with 8
+    # key-value groups unless given.
+    # Nemotron-H 8B / 47B / 56B (NVIDIA 2025, "Nemotron-H", arXiv:2504.03624): 52 / 98 / 118 layers, 4 / 5 / 10 of
+    # them attention.
+    "nemotron-h-8b": (
+        ("nemotronh8b", "nvidia/Nemotron-H-8B-Base-8K"),
+        dict(layers=52, hidden=4096, ffn_hidden=21504, heads=32, kv_heads=8, head_dim=128, seq_len=8192,
+             hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", mamba_heads=128,
+             mamba_state_dim=128, **_NEMOTRON_H),
+    ),
+    "nemotron-h-56b": (
+        ("nemotronh56b", "nvidia/Nemotron-H-56B-Base-8K"),
+        dict(layers=118, hidden=8192, ffn_hidden=32768, heads=64, kv_heads=8, head_dim=128, seq_len=8192,
+             hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
+                            "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", mamba_heads=256, mamba_state_dim=256,
+             **_NEMOTRON_H),
+    ),
+    "nemotron-h-47b": (
+        ("nemotronh47b", "nvidia/Nemotron-H-47B-Base-8K"),
+        dict(layers=98, hidden=8192, ffn_hidden=30720, heads=64, kv_heads=8, head_dim=128, seq_len=8192,
+             hybrid_pattern="M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*-"
+                            "M-M-M-M-M-", mamba_heads=256, mamba_state_dim=256, **_NEMOTRON_H),
+    ),
+    # Nemotron Nano 2 (NVIDIA 2025, "NVIDIA Nemotron Nano 2", arXiv:2508.14444; NemotronNanoModelProvider9Bv2 /
+    # 12Bv2): Mamba heads of 80, 40 attention heads of 128; 8,192 tokens here (the providers' default is 131,072).
+    "nemotron-nano-9b-v2": (
+        ("nemotronnano9bv2", "nvidia/NVIDIA-Nemotron-Nano-9B-v2"),
+        dict(layers=56, hidden=4480, ffn_hidden=15680, heads=40, kv_heads=8, head_dim=128, seq_len=8192,
+             hybrid_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", mamba_heads=128,
+             mamba_head_dim=80, mamba_state_dim=128, **_NEMOTRON_H),
+    ),
+    "nemotron-nano-12b-v2": (
+        ("nemotronnano12bv2", "nvidia/NVIDIA-Nemotron-Nano-12B-v2"),
+        dict(layers=62, hidden=5120, ffn_hidden=20480, heads=40, kv_heads=8, head_dim=128, seq_len=8192,
+             hybrid_pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-", mamba_heads=128,
+             mamba_head_dim=80, mamba_state_dim=128, **_NEMOTRON_H),
+    ),
+    # Nemotron 3 Nano (31.6B total; Nemotron3NanoProvider): 23 Mamba-2, 23 MoE and 6 attention layers, 32 heads of
+    # 128 over 2 key-value groups, 64 Mamba heads, 128 experts of 1,856 and a shared one of 3,712 (two of 1,856
+    # here), top-6, sigmoid router with expert bias, scaling 2.5.
+    "nemotron-3-nano": (
+        ("nemotron3nano", "nemotron-3-nano-30b-a3b", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"),
+        dict(layers=52, hidden=2688, ffn_hidden=1856, heads=32, kv_heads=2, head_dim=128, seq_len=8192,
+             hybrid_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", mamba_heads=64,
+             mamba_state_dim=128, num_experts=128, moe_topk=6, moe_ffn_hidden=1856, shared_experts=2,
+             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_topk_scaling=2.5, **_NEMOTRON_H),
+    ),
+    # Nemotron 3 Super (120B total; Nemotron3SuperProvider): 88 layers (40 Mamba-2, 40 MoE, 8 attention), 4,096
+    # wide, 128 Mamba heads, 512 experts of 2,688 in a LatentMoE of width 1,024 and a shared one of 5,376, top-22,
+    # scaling 5.0, two multi-token-prediction modules (attention and MoE each).
+    "nemotron-3-super": (
+        ("nemotron3super", "nemotron-3-super-120b-a12b"),
+        dict(layers=88, hidden=4096, ffn_hidden=2688, heads=32, kv_heads=2, head_dim=128, seq_len=8192,
+             hybrid_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
+             mamba_heads=128, mamba_state_dim=128, num_experts=512, moe_topk=22, moe_ffn_hidden=2688,
+             shared_experts=2, moe_latent=1024, mtp_layers=2, moe_router_score="sigmoid",
+             moe_router_expert_bias=True, moe_router_topk_scaling=5.0, **_NEMOTRON_H),
+    ),
     # Llama 2 70B. "Llama 2" paper (GQA for 70B) / HF meta-llama/Llama-2-70b-hf config.json
     # (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 32000, 4k context; rms_norm_eps 1e-05,
     # rope_theta 10000).
@@ -522,7 +586,9 @@ def from_hf_config(
         data = {"model_type": raw.get("model_type"), **raw["text_config"]}
     cfg = _Config(p, data)
     model_type = str(data.get("model_type") or "").lower()
-    _refuse_non_attention_mixers(cfg, model_type)
+    pattern = _nemotron_h_pattern(cfg) if model_type == "nemotron_h" else None
+    if pattern is None:
+        _refuse_non_attention_mixers(cfg, model_type)
 
     fields: dict[str, Any] = {}
     fields["layers"] = cfg.int_("layers", "num_hidden_layers", "n_layer", "num_layers")
@@ -570,11 +636,57 @@ def from_hf_config(
     parent = p.resolve().parent.name
     fields["name"] = parent if p.name == "config.json" and parent else p.stem
     fields.update(_architecture(cfg, model_type, fields))
+    if pattern is not None:
+        fields.update(_nemotron_h_fields(cfg, pattern, fields))
 
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as err:
         raise InputError(f"{p}: {validation_line(err, cfg.source)}") from None
+
+
+# transformers' NemotronH (configuration_nemotron_h.py): the layer kinds of layers_block_type, as the characters of
+# Megatron's hybrid_override_pattern (ModelSpec.hybrid_pattern).
+_NEMOTRON_H_BLOCKS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _nemotron_h_pattern(cfg: _Config) -> str:
+    """A NemotronH config's layers as a pattern: hybrid_override_pattern, or layers_block_type's kinds."""
+    pattern = cfg.data.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        cfg.source["hybrid_pattern"] = "hybrid_override_pattern"
+        return pattern.split("/")[0]
+    blocks = cfg.data.get("layers_block_type")
+    if isinstance(blocks, list) and blocks and all(b in _NEMOTRON_H_BLOCKS for b in blocks):
+        cfg.source["hybrid_pattern"] = "layers_block_type"
+        return "".join(_NEMOTRON_H_BLOCKS[b] for b in blocks)
+    raise InputError(f"{cfg.path}: field 'hybrid_override_pattern': a nemotron_h config needs its layer pattern "
+                     f"(hybrid_override_pattern, or layers_block_type of {', '.join(_NEMOTRON_H_BLOCKS)})")
+
+
+def _nemotron_h_fields(cfg: _Config, pattern: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A NemotronH config's hybrid fields (transformers' modeling_nemotron_h.py): the Mamba-2 widths, RMSNorm, a
+    non-gated MLP of mlp_hidden_act (relu2), no position embeddings, a sigmoid router with a score-correction bias,
+    one shared expert of moe_shared_expert_intermediate_size (counted here in routed-expert widths), LatentMoE."""
+    get = cfg.data.get
+    out: dict[str, Any] = dict(hybrid_pattern=pattern, normalization="RMSNorm", gated_mlp=False,
+                               activation=_ACTS.get(str(get("mlp_hidden_act", "relu2")).lower(), "squared_relu"))
+    for field, key in (("mamba_heads", "mamba_num_heads"), ("mamba_head_dim", "mamba_head_dim"),
+                       ("mamba_state_dim", "ssm_state_size"), ("mamba_groups", "n_groups"),
+                       ("moe_latent", "moe_latent_size")):
+        value = cfg.int_(field, key, default=None)
+        if value is not None:
+            out[field] = value
+    if fields.get("num_experts"):
+        out.update(moe_router_score="sigmoid", moe_router_expert_bias=True)
+        width = cfg.int_("shared_experts", "moe_shared_expert_intermediate_size", default=0)
+        if width:
+            if width % fields["moe_ffn_hidden"]:
+                raise InputError(f"{cfg.path}: field 'moe_shared_expert_intermediate_size': {width} is not a "
+                                 f"multiple of moe_intermediate_size {fields['moe_ffn_hidden']}")
+            out["shared_experts"] = width // fields["moe_ffn_hidden"]
+    out["unexpressed"] = tuple(x for x in fields.get("unexpressed", ()) if "rotary" not in x)
+    return out
 
 
 def _moe_fields(cfg: _Config, num_experts: int) -> dict[str, Any]:
@@ -698,7 +810,7 @@ def _dense_layers(cfg: _Config, num_experts: int) -> int:
 # transformers' own defaults where a config leaves a key out (the configuration_<model_type>.py classes of
 # transformers 4.5x): rms_norm_eps / layer_norm_eps, rope_theta, norm_topk_prob.
 _KNOWN_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron")
+                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron", "nemotron_h")
 _EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen2_moe": 1e-6, "qwen3": 1e-6,
                 "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gpt2": 1e-5,
                 "gpt_neox": 1e-5, "nemotron": 1e-5}
@@ -709,6 +821,10 @@ _NORM_TOPK_DEFAULT = {"mixtral": True, "gpt_oss": True, "qwen2_moe": False, "qwe
                       "deepseek_v3": True}
 # Keys from_hf_config maps onto a field (above or in _architecture) ...
 _MAPPED_KEYS = {
+    # nemotron_h (_nemotron_h_fields; conv_kernel and chunk_size are the cost model's MAMBA_CONV_KERNEL / MAMBA_CHUNK)
+    "hybrid_override_pattern", "layers_block_type", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
+    "n_groups", "moe_latent_size", "moe_shared_expert_intermediate_size", "mlp_hidden_act", "conv_kernel",
+    "chunk_size", "mamba_hidden_act", "use_bias", "use_conv_bias", "mamba_proj_bias",
     "model_type", "num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "d_model",
     "num_attention_heads", "n_head", "vocab_size", "padded_vocab_size", "num_local_experts", "num_experts",
     "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "experts_per_token", "moe_top_k",

@@ -24,7 +24,8 @@ import numpy as np
 
 from costmodel import comm, compute, memory, muon, pipeline, rules, scale
 from costmodel.compression import GradCompression
-from costmodel.flops import attention_proj_dims, layer_params, embedding_params, mlp_params, model_flops_per_step
+from costmodel.flops import (MAMBA_CHUNK, attention_proj_dims, embedding_params, expert_mlp_params, layer_params,
+                             mamba_dims, mlp_params, model_flops_per_step, mtp_layer_params)
 from costmodel.profiles import HardwareProfile, load_profile
 from costmodel.plan import ParallelPlan, PlanArrays, even_split_columns
 from costmodel.specs import ClusterSpec, ModelSpec, StepEstimate
@@ -321,6 +322,8 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     d.ln_tokens = np.where(sp, tokens / tp, tokens)          # LN / residual run on the SP shard
     gpt_dropout = 0.0 if model.gated_mlp else 1.0
     d.elem_attn = d.ln_tokens * (4 * h + 6 * h + gpt_dropout * 5 * h) + tokens * (2 * dims["qkv_out"]) / tp
+    # one norm and residual of the two (a hybrid model's layer has one: _hybrid_means)
+    d.elem_norm = d.ln_tokens * (5 * h + gpt_dropout * 2.5 * h)
     if c.fp8:
         d.elem_attn = d.elem_attn + tokens * c.q * (h + dims["o_in"] / tp)
     d.t_mlp_dense, elem_mlp_dense = _mlp_block(c, model.ffn_hidden, tokens, tp)
@@ -356,12 +359,16 @@ def _dense_layer(c: SimpleNamespace) -> SimpleNamespace:
     return d
 
 
-def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
+def _moe_layer(c: SimpleNamespace, d: SimpleNamespace, attention: bool = True) -> dict[str, np.ndarray]:
     """One MoE layer's forward / backward seconds per micro-batch (``moe_f`` / ``moe_b``): the dense layer's
     attention (``d``), shared experts, router, routed experts on the hottest rank, the all-to-all and expert
-    tensor-parallel communication, fixed per-layer overheads and the host floor."""
+    tensor-parallel communication, fixed per-layer overheads and the host floor. ``attention`` False: a hybrid
+    model's MoE layer, its own norm and residual without the attention (:func:`_hybrid_means`). A LatentMoE
+    (ModelSpec.moe_latent) projects each token to the latent width before the dispatch and back after the
+    combine: the routed experts, their all-to-all and copies work in that width."""
     model, prof, cluster, cal = c.model, c.prof, c.cluster, c.cal
     h, n, tokens, tp, ep, etp, eb, imb = c.h, c.n, c.tokens, c.tp, c.ep, c.etp, c.eb, c.moe_imbalance
+    lat = model.moe_latent or h
     k_top, E = model.moe_topk, model.num_experts
     shared_ffn = model.shared_experts * model.expert_ffn
     t_shared, elem_shared = (_mlp_block(c, shared_ffn, tokens, tp) if shared_ffn else (0.0, 0.0))
@@ -374,32 +381,42 @@ def _moe_layer(c: SimpleNamespace, d: SimpleNamespace) -> dict[str, np.ndarray]:
     own = tokens / tp
     gathered = own * etp
     per_expert = gathered * k_top * ep / E * imb
-    exp_flops = 2.0 * gathered * k_top * mlp_params(model, model.expert_ffn) / etp * imb
-    mn = np.minimum.reduce([per_expert, np.full(n, float(h)), model.expert_ffn / etp])
+    exp_flops = 2.0 * gathered * k_top * expert_mlp_params(model) / etp * imb
+    mn = np.minimum.reduce([per_expert, np.full(n, float(lat)), model.expert_ffn / etp])
     t_experts = _gemm(c, exp_flops, mn)
     # activation (with a clamped GLU's clamps and concatenation) + permute/unpermute copies
     act = (3 if model.gated_mlp else 2) + _clamp_elements(model)
-    elem_exp = gathered * k_top * imb * (act * model.expert_ffn / etp + 4 * h)
+    elem_exp = gathered * k_top * imb * (act * model.expert_ffn / etp + 4 * lat)
     if c.fp8:
-        elem_exp = elem_exp + gathered * k_top * c.q * (h + model.expert_ffn / etp)
+        elem_exp = elem_exp + gathered * k_top * c.q * (lat + model.expert_ffn / etp)
     etp_k, etp_N = comm.group_span(1, etp, c.D)
-    etp_bytes = gathered * k_top * h * eb * imb
+    etp_bytes = gathered * k_top * lat * eb * imb
     t_etp = (comm.collective_time_s(prof, cluster, "all_gather", etp_bytes, etp, etp_k, etp_N)
              + comm.collective_time_s(prof, cluster, "reduce_scatter", etp_bytes, etp, etp_k, etp_N))
     # Routing work (permute/unpermute copies, expert activation, router softmax/top-k) is scaled by the
     # profile's moe_overhead: it runs as many small kernels that reach less than streaming bandwidth.
-    mb_moe = compute.memory_bound_time_s(prof, eb * (d.elem_attn + elem_shared
+    elem_rest = d.elem_attn if attention else d.elem_norm
+    mb_moe = compute.memory_bound_time_s(prof, eb * (elem_rest + elem_shared
                                                       + cal.moe_overhead * (elem_exp + own * E * 3)))
     limited = ((model.moe_router_groups, model.moe_router_group_topk) if model.moe_router_groups else None)
-    t_a2a = 2 * comm.moe_dispatch_time_s(prof, cluster, own * h * eb * imb, k_top, ep, c.ep_k, c.ep_N,
+    t_a2a = 2 * comm.moe_dispatch_time_s(prof, cluster, own * lat * eb * imb, k_top, ep, c.ep_k, c.ep_N,
                                          nvlink_factor=cal.a2a_time, groups=limited)
     t_a2a = t_a2a + t_etp   # expert-parallel communication of the layer (zero with etp = 1)
     t_moe_fixed = MOE_LAYER_OVERHEAD_S * cal.moe_overhead
     t_experts = t_experts + 2.0 * (E / ep) * GROUPED_GEMM_FIXED_S * (prof.kind == "gpu")
-    moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
-    tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal, c.wgrad)
-    moe_f = moe_gemm + d.t_core_f + mb_moe + tp_exp_f + d.cp_exp_f + t_a2a + t_moe_fixed + d.t_host
-    moe_b = ((1 + c.wgrad) * moe_gemm + d.t_core_b + 2 * mb_moe + tp_exp_b + d.cp_exp_b + t_a2a + 2 * t_moe_fixed
+    if attention:
+        moe_gemm = d.t_attn_proj + t_shared + t_router + t_experts
+        tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp, moe_gemm, c.fw, cal, c.wgrad)
+        core_f, core_b, cp_f, cp_b = d.t_core_f, d.t_core_b, d.cp_exp_f, d.cp_exp_b
+    else:
+        # the latent projections (h -> latent -> h, split over tp as the router is)
+        t_latent = _gemm(c, 2.0 * tokens * 2 * h * lat / tp, np.minimum(tokens, float(lat))) if model.moe_latent \
+            else 0.0
+        moe_gemm = t_shared + t_router + t_experts + t_latent
+        tp_exp_f, tp_exp_b = _tp_exposed(d.t_tp / 2, moe_gemm, c.fw, cal, c.wgrad)
+        core_f = core_b = cp_f = cp_b = 0.0
+    moe_f = moe_gemm + core_f + mb_moe + tp_exp_f + cp_f + t_a2a + t_moe_fixed + d.t_host
+    moe_b = ((1 + c.wgrad) * moe_gemm + core_b + 2 * mb_moe + tp_exp_b + cp_b + t_a2a + 2 * t_moe_fixed
              + 2 * d.t_host)
     t_a2a_exposed = t_a2a
     if np.any(c.a.moe_a2a_overlap):
@@ -440,10 +457,109 @@ def _a2a_exposed(c: SimpleNamespace, t_a2a, t_comp) -> np.ndarray:
     return np.where(c.a.moe_a2a_overlap, steady * merged / 2.0 + (1.0 - steady) * plain, plain)
 
 
+# The SSD scan costs, per token and head, what causal flash attention over this many tokens of this head width
+# does: the sequence length at which Dao & Gu's SSD kernel and FlashAttention-2 take the same time (arXiv:2405.21060
+# Sec. 9.3, Fig. 10: "faster than FlashAttention-2 starting at sequence length 2K"; head width 64 there).
+SSD_ATTENTION_EQUIV_LEN = 2048
+SSD_ATTENTION_EQUIV_DIM = 64
+
+
+def _sublayer(f, b, mb, tp_exp, core_f=0.0, core_b=0.0, cp_f=0.0, cp_b=0.0, a2a=0.0, a2a_raw=0.0) -> dict:
+    """One hybrid-model layer's terms, keyed as :func:`_hybrid_means` averages them."""
+    return dict(f=f, b=b, mb=mb, tp_exp=tp_exp, core_f=core_f, core_b=core_b, cp_f=cp_f, cp_b=cp_b, a2a=a2a,
+                a2a_raw=a2a_raw)
+
+
+def _attention_sublayer(c: SimpleNamespace, d: SimpleNamespace) -> dict:
+    """A hybrid model's attention layer (``*``): the dense layer's attention half, one norm and residual, half its
+    tensor-parallel collectives."""
+    mb = compute.memory_bound_time_s(c.prof, c.eb * (d.elem_attn - d.elem_norm))
+    tp_f, tp_b = _tp_exposed(d.t_tp / 2, d.t_attn_proj, c.fw, c.cal, c.wgrad)
+    f = d.t_attn_proj + d.t_core_f + mb + tp_f + d.cp_exp_f + d.t_host
+    b = (1 + c.wgrad) * d.t_attn_proj + d.t_core_b + 2 * mb + tp_b + d.cp_exp_b + 2 * d.t_host
+    return _sublayer(f, b, mb, 0.5 * (tp_f + tp_b), d.t_core_f, d.t_core_b, d.cp_exp_f, d.cp_exp_b)
+
+
+def _mlp_sublayer(c: SimpleNamespace, d: SimpleNamespace) -> dict:
+    """A hybrid model's MLP layer (``-``): the dense layer's MLP half."""
+    t_mlp, elems = _mlp_block(c, c.model.ffn_hidden, c.tokens, c.tp)
+    mb = compute.memory_bound_time_s(c.prof, c.eb * (elems + d.elem_norm))
+    tp_f, tp_b = _tp_exposed(d.t_tp / 2, t_mlp, c.fw, c.cal, c.wgrad)
+    return _sublayer(t_mlp + mb + tp_f + d.t_host, (1 + c.wgrad) * t_mlp + 2 * mb + tp_b + 2 * d.t_host, mb,
+                     0.5 * (tp_f + tp_b))
+
+
+def _mamba_sublayer(c: SimpleNamespace, d: SimpleNamespace) -> dict:
+    """A hybrid model's Mamba-2 layer (``M``; flops.mamba_dims): in_proj and out_proj as GEMMs split over tp
+    (column- and row-parallel, with the collectives of an attention block), the heads split over tp for the
+    conv1d, the SSD scan and the gated norm. The scan is priced by the measured kernel's speed against flash
+    attention (SSD_ATTENTION_EQUIV_LEN), not by its FLOPs (flops.ssd_forward_flops_per_token, which MFU counts);
+    the element-wise traffic per token is in_proj's output split, the conv1d's read and write, the scan's inputs
+    and output and its fp32 chunk states in and out (heads x P x N / chunk), and the gated norm's two reads and
+    one write. Not fitted to any run."""
+    model, tokens, tp = c.model, c.tokens, c.tp
+    md = mamba_dims(model)
+    h = c.h
+    flops = 2.0 * tokens * h * (md["d_in_proj"] + md["d_inner"]) / tp
+    t_gemm = _gemm(c, flops, np.minimum.reduce([tokens, np.full(c.n, float(h)), md["d_inner"] / tp]))
+    # The SSD scan at the rate of the measured kernels: Dao & Gu (arXiv:2405.21060, Sec. 9.3, Fig. 10) time it
+    # against FlashAttention-2 and find it as fast at 2K tokens (faster beyond), with little slowdown as the state
+    # grows (N 64 to 256). So per token and head it costs what causal flash attention over SSD_ATTENTION_EQUIV_LEN
+    # tokens of head width 64 costs on this GPU, forward and backward (compute.attention_time_s).
+    eq = 2.0 * tokens * SSD_ATTENTION_EQUIV_LEN * md["heads"] * (2 * SSD_ATTENTION_EQUIV_DIM) * 0.5 / tp
+    t_ssd, t_ssd_b = compute.attention_time_s(c.prof, eq, SSD_ATTENTION_EQUIV_LEN, SSD_ATTENTION_EQUIV_DIM, c.wide)
+    states = 2 * 2 * md["heads"] * model.mamba_head_dim * model.mamba_state_dim / MAMBA_CHUNK
+    elems = tokens / tp * (md["d_in_proj"] + 3 * md["conv_dim"] + md["heads"] + md["d_inner"] + states
+                           + 3 * md["d_inner"]) + d.elem_norm
+    if c.fp8:
+        elems = elems + tokens * c.q * (h + md["d_inner"] / tp)
+    mb = compute.memory_bound_time_s(c.prof, c.eb * elems)
+    tp_f, tp_b = _tp_exposed(d.t_tp / 2, t_gemm, c.fw, c.cal, c.wgrad)
+    f = t_gemm + t_ssd + mb + tp_f + d.t_host
+    b = (1 + c.wgrad) * t_gemm + t_ssd_b + 2 * mb + tp_b + 2 * d.t_host
+    return _sublayer(f, b, mb, 0.5 * (tp_f + tp_b), core_f=t_ssd, core_b=t_ssd_b)
+
+
+def _hybrid_means(c: SimpleNamespace, lt: SimpleNamespace) -> None:
+    """A hybrid model (ModelSpec.hybrid_pattern): every layer term becomes the mean over the pattern of its
+    layers' (attention, MLP, MoE, Mamba-2), and the pipeline stages count layers of that mean. A stage's time is
+    exact where it holds the pattern in proportion (pp 1), close where the pattern repeats within a stage."""
+    model = c.model
+    kinds = {"*": _attention_sublayer, "-": _mlp_sublayer, "M": _mamba_sublayer}
+    parts = {}
+    for kind, n in model.hybrid_counts.items():
+        if not n:
+            continue
+        if kind == "E":
+            e = _moe_layer(c, lt, attention=False)
+            parts[kind] = _sublayer(e["moe_f"], e["moe_b"], e["mb_moe"], e["t_tp_exposed_moe"], a2a=e["t_a2a"],
+                                    a2a_raw=e["t_a2a_raw"])
+        else:
+            parts[kind] = kinds[kind](c, lt)
+    w = {k: model.hybrid_counts[k] / model.layers for k in parts}
+
+    def mean(key):
+        return sum(w[k] * np.asarray(parts[k][key], dtype=float) for k in parts) + np.zeros(c.n)
+
+    f, b = mean("f"), mean("b")
+    if model.is_moe:
+        lt.moe_f, lt.moe_b = f, b
+    else:
+        lt.dense_f, lt.dense_b = f, b
+    lt.mb_f = lt.mb_moe = mean("mb")
+    lt.t_tp_exposed = lt.t_tp_exposed_moe = mean("tp_exp")
+    lt.t_core_f, lt.t_core_b = mean("core_f"), mean("core_b")
+    lt.cp_exp_f, lt.cp_exp_b = mean("cp_f"), mean("cp_b")
+    lt.t_a2a, lt.t_a2a_raw = mean("a2a"), mean("a2a_raw")
+    lt.t_tp = lt.t_tp / 2                       # each layer has one block's collectives
+    lt.dense_comm_f = lt.dense_comm_b = lt.t_tp
+
+
 def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
     """Per-layer terms of one micro-batch on one rank: the dense layer (:func:`_dense_layer`), the MoE layer
     (:func:`_moe_layer`, zeros for a dense model) and what recomputing each costs (``rec_dense`` /
-    ``rec_moe``: a whole forward with full recompute, the attention core with selective)."""
+    ``rec_moe``: a whole forward with full recompute, the attention core with selective); a multi-token-prediction
+    module's layer (``mtp_f`` / ``mtp_b``); for a hybrid model the means over its pattern (:func:`_hybrid_means`)."""
     lt = _dense_layer(c)
     if c.model.is_moe:
         vars(lt).update(_moe_layer(c, lt))
@@ -451,6 +567,10 @@ def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
         lt.moe_f = lt.moe_b = lt.mb_moe = np.zeros(c.n)
         lt.t_tp_exposed_moe = lt.t_tp_exposed
         lt.t_a2a = lt.t_a2a_raw = np.zeros(c.n)
+    # the module repeats the last layer (MoE unless all are dense; a hybrid model's MTP pattern, attention and MoE)
+    lt.mtp_f, lt.mtp_b = (lt.moe_f, lt.moe_b) if c.model.moe_layers > 0 else (lt.dense_f, lt.dense_b)
+    if c.model.hybrid_pattern:
+        _hybrid_means(c, lt)
     rc = c.a.recompute
     # Selective: the attention core, plus (flash era) the LayerNorms and MLP activation, which are
     # memory-bound: about a third of the layer's element-wise traffic.
@@ -505,8 +625,8 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     st.mtp_moe = mtp_moe = model.moe_layers > 0    # the module repeats the last layer: MoE unless all are dense
     if mtp:
         t_eh = _gemm(c, 2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
-        mtp_f = (lt.moe_f if mtp_moe else lt.dense_f) + t_eh + t_logit + t_ce
-        mtp_b = (lt.moe_b if mtp_moe else lt.dense_b) + (1 + c.wgrad) * (t_eh + t_logit) + t_ce
+        mtp_f = lt.mtp_f + t_eh + t_logit + t_ce
+        mtp_b = lt.mtp_b + (1 + c.wgrad) * (t_eh + t_logit) + t_ce
         stage_f = stage_f + last * col(mtp * mtp_f)
         stage_b = stage_b + last * col(mtp * mtp_b)
         stage_rec = stage_rec + last * rec_frac * col(mtp * (lt.rec_moe if mtp_moe else lt.rec_dense))
@@ -583,12 +703,15 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     p.lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
     emb = embedding_params(model)
     edge_params = first * emb["embedding"] + last * emb["lm_head"]
-    lp_mtp = p.lp_moe if st.mtp_moe else p.lp_dense
+    lp_mtp = mtp_layer_params(model)
     mtp_dense = mtp * (lp_mtp["dense"] + 2.0 * h * h + 2.0 * h)    # layer, eh projection, two norms
     p.dense = (n_dense * p.lp_dense["dense"] + n_moe * p.lp_moe["dense"] + edge_params
                + last * mtp_dense) / col(c.tp)
     p.edge = edge_params / col(c.tp)    # vocabulary-parallel embedding and output layer (Adam's under Muon)
-    p.expert = (n_moe + last * mtp) * p.lp_moe["expert"] / col(c.ep * c.etp)
+    if model.hybrid_pattern:
+        p.expert = (n_moe * p.lp_moe["expert"] + last * mtp * lp_mtp["expert"]) / col(c.ep * c.etp)
+    else:
+        p.expert = (n_moe + last * mtp) * p.lp_moe["expert"] / col(c.ep * c.etp)
     p.zero = a.zero_stage
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)

@@ -57,16 +57,86 @@ def mlp_params(model: ModelSpec, ffn: int) -> int:
     return (3 if model.gated_mlp else 2) * model.hidden * ffn
 
 
+def expert_mlp_params(model: ModelSpec) -> int:
+    """Parameters of one routed expert: its MLP from the model width, or from the latent width of a LatentMoE
+    (ModelSpec.moe_latent)."""
+    return (3 if model.gated_mlp else 2) * (model.moe_latent or model.hidden) * model.expert_ffn
+
+
+# Mamba-2 mixer (megatron-core ssm/mamba_mixer.py MambaMixer; Dao & Gu 2024, "Transformers are SSMs",
+# arXiv:2405.21060): in_proj h -> [z, x, B, C, dt] (2 d_inner + 2 G N + heads), a depthwise causal conv1d of width
+# MAMBA_CONV_KERNEL over [x, B, C], the chunked SSD scan (chunk MAMBA_CHUNK tokens), a gated RMSNorm and out_proj
+# d_inner -> h. d_conv 4 and chunk_size 128 are MambaMixer's defaults and the Nemotron-H config.json values.
+MAMBA_CONV_KERNEL = 4
+MAMBA_CHUNK = 128
+
+
+def mamba_dims(model: ModelSpec) -> dict[str, float]:
+    """Widths per token of a hybrid model's Mamba-2 mixer and its parameter count."""
+    nh, P, N, G, h = (model.mamba_heads or 0), model.mamba_head_dim, model.mamba_state_dim, model.mamba_groups, \
+        model.hidden
+    d_inner = nh * P
+    d_in_proj = 2 * d_inner + 2 * G * N + nh
+    conv_dim = d_inner + 2 * G * N
+    # in_proj, conv1d weight and bias, A_log / D / dt_bias, the gated norm, out_proj
+    params = h * d_in_proj + conv_dim * (MAMBA_CONV_KERNEL + 1) + 3 * nh + d_inner + d_inner * h
+    return {"d_inner": d_inner, "d_in_proj": d_in_proj, "conv_dim": conv_dim, "params": params, "heads": nh}
+
+
+def ssd_forward_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the SSD scan (arXiv:2405.21060 Sec. 6, the chunked algorithm): per chunk of Q
+    tokens C B^T (Q x Q x N per group), its masked product with X (Q x Q x P per head), the chunk states B^T X and
+    their contribution to the output C S (N x P per token and head each). The intra-chunk products are causal:
+    the kernels skip the blocks above the diagonal, half of them."""
+    nh, P, N, G, Q = (model.mamba_heads or 0), model.mamba_head_dim, model.mamba_state_dim, model.mamba_groups, \
+        MAMBA_CHUNK
+    return 2.0 * nh * P * (Q / 2 + 2 * N) + 2.0 * G * (Q / 2) * N
+
+
+def _hybrid_weights(model: ModelSpec) -> dict[str, float]:
+    """Share of a hybrid model's layers of each kind (ModelSpec.hybrid_counts)."""
+    return {k: n / model.layers for k, n in model.hybrid_counts.items()}
+
+
+def sublayer_params(model: ModelSpec, kind: str) -> dict[str, float]:
+    """Parameters of one layer of a hybrid model's kind (M, *, -, E), its norm included, split into the part tensor
+    parallelism shards and the expert part."""
+    h = model.hidden
+    if kind == "M":
+        return {"dense": mamba_dims(model)["params"] + h, "expert": 0.0}
+    if kind == "*":
+        return {"dense": attention_proj_dims(model)["params"] + h, "expert": 0.0}
+    if kind == "-":
+        return {"dense": mlp_params(model, model.ffn_hidden) + h, "expert": 0.0}
+    latent = 2 * h * model.moe_latent if model.moe_latent else 0.0
+    shared = model.shared_experts * mlp_params(model, model.expert_ffn)
+    return {"dense": shared + h * model.num_experts + latent + h,
+            "expert": model.num_experts * expert_mlp_params(model)}
+
+
 def layer_params(model: ModelSpec, moe: bool) -> dict[str, float]:
-    """Parameters of one layer, split into the part tensor parallelism shards and the expert part."""
+    """Parameters of one layer, split into the part tensor parallelism shards and the expert part. A hybrid
+    model's layer is the mean of its pattern's (every layer counts as one of its kind; ``moe`` aside)."""
+    if model.hybrid_pattern:
+        w = _hybrid_weights(model)
+        parts = [sublayer_params(model, k) for k in w]
+        return {key: sum(wk * pk[key] for wk, pk in zip(w.values(), parts)) for key in ("dense", "expert")}
     attn = attention_proj_dims(model)["params"]
     norms = 2 * model.hidden
     if not moe:
         return {"dense": attn + mlp_params(model, model.ffn_hidden) + norms, "expert": 0.0}
     shared = model.shared_experts * mlp_params(model, model.expert_ffn)
     router = model.hidden * model.num_experts
-    expert = model.num_experts * mlp_params(model, model.expert_ffn)
+    expert = model.num_experts * expert_mlp_params(model)
     return {"dense": attn + shared + router + norms, "expert": expert}
+
+
+def mtp_layer_params(model: ModelSpec) -> dict[str, float]:
+    """Parameters of a multi-token-prediction module's layer (mtp_layer_forward_flops's layer)."""
+    if not model.hybrid_pattern:
+        return layer_params(model, model.moe_layers > 0)
+    a, b = sublayer_params(model, "*"), sublayer_params(model, "E" if model.is_moe else "-")
+    return {key: a[key] + b[key] for key in a}
 
 
 def embedding_params(model: ModelSpec) -> dict[str, float]:
@@ -88,12 +158,16 @@ def total_params(model: ModelSpec) -> float:
 
 def active_params(model: ModelSpec) -> float:
     """Parameters a token passes through (routed experts counted top-k times, embeddings excluded)."""
+    if model.hybrid_pattern:
+        counts = model.hybrid_counts
+        act = sum(n * sublayer_params(model, k)["dense"] for k, n in counts.items())
+        return act + counts["E"] * model.moe_topk * expert_mlp_params(model)
     dense = layer_params(model, False)["dense"]
     n_dense = model.layers - model.moe_layers
     act = n_dense * dense
     if model.is_moe:
         moe = layer_params(model, True)
-        act += model.moe_layers * (moe["dense"] + model.moe_topk * mlp_params(model, model.expert_ffn))
+        act += model.moe_layers * (moe["dense"] + model.moe_topk * expert_mlp_params(model))
     return act
 
 
@@ -107,6 +181,10 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bo
       (flash attention skips the masked half; Megatron's model-FLOP formula counts it whole).
     """
     tokens = np.asarray(tokens, dtype=float)
+    if model.hybrid_pattern:
+        w = _hybrid_weights(model)
+        parts = [sublayer_forward_flops(model, tokens, seq_len, k, causal) for k in w]
+        return {key: sum(wk * pk[key] for wk, pk in zip(w.values(), parts)) for key in ("gemm", "expert", "attn")}
     dims = attention_proj_dims(model)
     attn_proj = 2.0 * tokens * dims["params"]
     core = 2.0 * tokens * np.asarray(seq_len, dtype=float) * model.heads * (
@@ -115,11 +193,41 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bo
         core = core * 0.5
     if moe:
         shared = 2.0 * tokens * model.shared_experts * mlp_params(model, model.expert_ffn)
-        expert = 2.0 * tokens * model.moe_topk * mlp_params(model, model.expert_ffn)
+        expert = 2.0 * tokens * model.moe_topk * expert_mlp_params(model)
         router = 2.0 * tokens * model.hidden * model.num_experts
         return {"gemm": attn_proj + shared + router, "expert": expert, "attn": core}
     mlp = 2.0 * tokens * mlp_params(model, model.ffn_hidden)
     return {"gemm": attn_proj + mlp, "expert": np.zeros_like(tokens), "attn": core}
+
+
+def sublayer_forward_flops(model: ModelSpec, tokens, seq_len, kind: str, causal: bool = True) -> dict:
+    """Forward FLOPs of one layer of a hybrid model's kind (M, *, -, E), in layer_forward_flops's terms; the
+    Mamba mixer's projections are ``gemm``, its SSD scan ``attn`` (the sequence-mixing core)."""
+    tokens = np.asarray(tokens, dtype=float)
+    zero = np.zeros_like(tokens)
+    if kind == "M":
+        d = mamba_dims(model)
+        return {"gemm": 2.0 * tokens * model.hidden * (d["d_in_proj"] + d["d_inner"]), "expert": zero,
+                "attn": tokens * ssd_forward_flops_per_token(model)}
+    if kind == "-":
+        return {"gemm": 2.0 * tokens * mlp_params(model, model.ffn_hidden), "expert": zero, "attn": zero}
+    plain = model.model_copy(update={"hybrid_pattern": None, "dense_layers": 0})
+    f = layer_forward_flops(plain, tokens, seq_len, moe=(kind == "E"), causal=causal)
+    attn_proj = 2.0 * tokens * attention_proj_dims(model)["params"]
+    if kind == "*":
+        return {"gemm": attn_proj + zero, "expert": zero, "attn": f["attn"]}
+    latent = 2.0 * tokens * 2 * model.hidden * model.moe_latent if model.moe_latent else 0.0
+    return {"gemm": f["gemm"] - attn_proj + latent, "expert": f["expert"], "attn": zero}
+
+
+def mtp_layer_forward_flops(model: ModelSpec, tokens, seq_len, causal: bool = True) -> dict:
+    """Forward FLOPs of a multi-token-prediction module's layer: one of the model's last kind, or for a hybrid
+    model attention plus its MLP or MoE (megatron-core's hybrid MTP pattern ``*E``)."""
+    if not model.hybrid_pattern:
+        return layer_forward_flops(model, tokens, seq_len, moe=model.moe_layers > 0, causal=causal)
+    a = sublayer_forward_flops(model, tokens, seq_len, "*", causal)
+    b = sublayer_forward_flops(model, tokens, seq_len, "E" if model.is_moe else "-", causal)
+    return {key: a[key] + b[key] for key in a}
 
 
 def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
@@ -139,7 +247,7 @@ def model_flops_per_step(model: ModelSpec, global_batch) -> np.ndarray:
     logits = 2.0 * tokens * model.hidden * model.vocab
     linear = linear + logits
     if model.mtp_layers:
-        f = layer_forward_flops(model, tokens, model.seq_len, moe=model.moe_layers > 0, causal=False)
+        f = mtp_layer_forward_flops(model, tokens, model.seq_len, causal=False)
         eh_proj = 2.0 * tokens * 2 * model.hidden * model.hidden
         linear = linear + model.mtp_layers * (f["gemm"] + f["expert"] + eh_proj + logits)
         attn = attn + model.mtp_layers * f["attn"]

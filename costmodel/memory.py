@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.flops import attention_proj_dims
+from costmodel.flops import attention_proj_dims, mamba_dims
 from costmodel.specs import ModelSpec
 
 GIB = float(2**30)
@@ -126,6 +126,8 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
     kept ("shared_experts" recomputes the whole shared MLP, not written). A dense layer of such a model (the
     first layers of DeepSeek-V3) has only the MLA input LayerNorm to recompute.
     """
+    if model.hybrid_pattern:
+        return _hybrid_activation_bytes(model, tokens, tp, sp, recompute, flash, fp8, te_moe_modules, grouped_gemm)
     tokens = np.asarray(tokens, dtype=float)
     t = np.asarray(tp, dtype=float)
     sp = np.asarray(sp, dtype=bool)
@@ -166,6 +168,42 @@ def layer_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: b
         act = act + np.where((rc == 1) | (rc == 2), 0.0, scores)
     full_input = tokens * 2 * h / np.where(sp, t, 1.0)
     return np.where(rc == 2, full_input, act)
+
+
+def _hybrid_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash: bool, fp8: bool,
+                             te_moe_modules: bool, grouped_gemm: bool) -> np.ndarray:
+    """The mean over a hybrid model's pattern (ModelSpec.hybrid_pattern) of what its layers keep. An attention,
+    MLP or MoE layer keeps its half of a transformer layer's (one norm input, one residual); a Mamba-2 layer
+    (megatron-core MambaMixer with mamba_ssm's chunked scan, which saves its inputs and recomputes the chunk
+    states in the backward) its norm's input and output, in_proj's output (z, x, B, C, dt), the conv1d's output,
+    the scan's output and out_proj's input."""
+    tokens = np.asarray(tokens, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    sp = np.asarray(sp, dtype=bool)
+    rc = np.asarray(recompute)
+    plain = model.model_copy(update={"hybrid_pattern": None, "dense_layers": 0, "num_experts": 0, "moe_topk": 0})
+    h, gin = model.hidden, (1.0 if fp8 else 2.0)
+    counts = model.hybrid_counts
+    full_input = layer_activation_bytes(plain, tokens, tp, sp, 2, flash, False, fp8)   # what full recompute keeps
+    # a transformer layer less its MLP (an MLP of width 1), and one norm's input and output
+    attn = layer_activation_bytes(plain.model_copy(update={"ffn_hidden": 1}), tokens, tp, sp, rc, flash, False, fp8)
+    norm = tokens * (2 * h + gin * h) / np.where(sp, t, 1.0)
+    total = counts["*"] * (attn - norm)
+    if counts["-"]:
+        total = total + counts["-"] * (layer_activation_bytes(plain, tokens, tp, sp, rc, flash, False, fp8) - attn
+                                       + norm)
+    if counts["E"]:
+        moe = layer_activation_bytes(model.model_copy(update={"hybrid_pattern": None, "dense_layers": 0}), tokens,
+                                     tp, sp, rc, flash, True, fp8, te_moe_modules, grouped_gemm)
+        if model.moe_latent:   # the routed experts' inputs are latent-wide
+            moe = moe - tokens * model.moe_topk * gin * (h - model.moe_latent) / t
+        total = total + counts["E"] * (moe - attn + norm)
+    if counts["M"]:
+        md = mamba_dims(model)
+        split = 2 * md["d_in_proj"] + 2 * md["conv_dim"] + 2 * md["d_inner"] + gin * md["d_inner"]
+        total = total + counts["M"] * tokens * np.where(sp, (2 * h + gin * h + split) / t, 2 * h + gin * h + split / t)
+    total = np.where(rc == 2, full_input, total / model.layers)
+    return total
 
 
 def logits_bytes(model: ModelSpec, tokens, tp, bytes_per_element: float = LOGITS_BYTES_UNFUSED) -> np.ndarray:

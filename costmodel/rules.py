@@ -457,6 +457,29 @@ def _msg_layers_vpp(m, c, n, kv):
     )
 
 
+def _has_mamba(m: ModelSpec) -> bool:
+    return bool(m.hybrid_pattern) and "M" in m.hybrid_pattern
+
+
+def _ok_mamba_tp(m, c, n, kv):
+    return np.logical_and(m.mamba_heads % c.tp == 0, m.mamba_groups % c.tp == 0)
+
+
+def _msg_mamba_tp(m, c, n, kv):
+    return (f"tp={c.tp} does not divide mamba_heads={m.mamba_heads} and mamba_groups={m.mamba_groups} (megatron-core "
+            f"MambaMixer splits both over tp); valid tp: {_fmt(common_divisors(m.mamba_heads, m.mamba_groups))}")
+
+
+def _ok_hybrid_vpp(m, c, n, kv):
+    return c.vpp == 1
+
+
+def _msg_hybrid_vpp(m, c, n, kv):
+    return (f"vpp={c.vpp} with a hybrid Mamba model: Megatron-Bridge's MambaModelProvider does not run the "
+            f"interleaved schedule (\"Virtual pipeline model parallelism is temporarily unsupported in SSM/Mamba "
+            f"models\"); valid vpp: 1")
+
+
 def _ok_vpp_pp(m, c, n, kv):
     return np.logical_or(c.vpp == 1, c.pp > 1)
 
@@ -575,6 +598,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("layers_pp", _always, _ok_layers_pp, _msg_layers_pp, even_split_only=True),
     _Rule("layers_vpp", _always, _ok_layers_vpp, _msg_layers_vpp, even_split_only=True),
     _Rule("vpp_needs_pp", _always, _ok_vpp_pp, _msg_vpp_pp),
+    _Rule("mamba_heads", _has_mamba, _ok_mamba_tp, _msg_mamba_tp),
+    _Rule("hybrid_vpp", lambda m: bool(m.hybrid_pattern), _ok_hybrid_vpp, _msg_hybrid_vpp),
     _Rule("interleaved_microbatches", _always, _ok_interleaved_microbatches,
           _msg_interleaved_microbatches),
     _Rule("global_batch", _always, _ok_global_batch, _msg_global_batch),

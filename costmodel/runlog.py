@@ -234,12 +234,31 @@ def _precision(a: _Args) -> str:
     return "fp32"
 
 
+def _hybrid_fields(a: _Args, pattern: str, hidden: int) -> dict:
+    """pretrain_mamba.py's hybrid model (Nemotron-H, Nemotron 3): its layer pattern (the part before a '/', which
+    megatron-core's unified pattern puts before the multi-token-prediction modules' patterns), the Mamba-2 widths
+    (megatron-core's defaults where the dump has none: head 64, state 128, 8 groups, heads = 2 x hidden / head) and
+    a LatentMoE's width. The MLP activation is squared ReLU unless the run asked for a gated one."""
+    main, *mtp = pattern.strip().split("/")
+    head_dim = a.int("mamba_head_dim", default=64)
+    fields: dict = dict(hybrid_pattern=main, mamba_head_dim=head_dim,
+                        mamba_heads=a.int("mamba_num_heads") or 2 * hidden // head_dim,
+                        mamba_state_dim=a.int("mamba_state_dim", default=128),
+                        mamba_groups=a.int("mamba_num_groups", default=8), moe_latent=a.int("moe_latent_size"))
+    if mtp:
+        fields["mtp_layers"] = len(mtp)
+    if a.flag("squared_relu"):
+        fields["activation"] = "squared_relu"
+        # what the dump says of the rest, with Megatron's defaults (LayerNorm, biases, dropout 0.1)
+        fields.update(normalization=str(a.get("normalization", default="LayerNorm")),
+                      linear_bias=a.flag("add_bias_linear") if a.get("add_bias_linear") is not None else True,
+                      hidden_dropout=float(a.get("hidden_dropout", default=0.1)),
+                      attention_dropout=float(a.get("attention_dropout", default=0.1)))
+    return fields
+
+
 def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
     hybrid = a.get("hybrid_override_pattern")
-    if hybrid:
-        # pretrain_mamba.py's hybrid models (Nemotron-H): Mamba-2 layers the cost model does not price.
-        raise InputError(f"{a.source}: field 'hybrid_override_pattern' = {hybrid!r}: a hybrid Mamba model is not "
-                         f"modelled (the cost model prices attention and MLP/MoE layers only); valid: a GPT or MoE run")
     layers = a.int("num_layers", required=True)
     hidden = a.int("hidden_size", required=True)
     heads = a.int("num_attention_heads", required=True)
@@ -263,6 +282,12 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
     kv_ch = a.int("kv_channels")
     if kv_ch and kv_ch != hidden // heads:
         spec["head_dim"] = kv_ch
+    if hybrid:
+        spec.update(_hybrid_fields(a, str(hybrid), hidden))
+        if len(spec["hybrid_pattern"]) != layers:
+            raise InputError(f"{a.source}: field 'hybrid_override_pattern' = {hybrid!r}: "
+                             f"{len(spec['hybrid_pattern'])} layers before any '/', num_layers {layers}; valid: one "
+                             f"character (M, *, -, E) per layer")
     if experts:
         moe_ffn = a.int("moe_ffn_hidden_size", default=ffn)
         shared = a.int("moe_shared_expert_intermediate_size", default=0, low=0)

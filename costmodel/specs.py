@@ -21,6 +21,8 @@ Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "pa
 Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
 Normalization = Literal["RMSNorm", "LayerNorm", "LayerNorm1p"]
 GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")
+# Layer kinds of a hybrid model's pattern (ModelSpec.hybrid_pattern), megatron-core's Symbols.
+HYBRID_SYMBOLS = "M*-E"
 
 PRECISION_ALIASES: dict[str, str] = {
     "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)
@@ -224,6 +226,23 @@ class ModelSpec(FrozenSpec):
     """Multi-head latent attention: decoupled RoPE head width."""
     mla_v_head_dim: Count | None = None
     """Multi-head latent attention: value head width (None = head_dim)."""
+    hybrid_pattern: str | None = None
+    """A hybrid model's layers as Megatron's ``--hybrid-override-pattern`` writes them, one character a layer: ``M``
+    a Mamba-2 mixer, ``*`` self-attention, ``-`` an MLP, ``E`` a MoE (Nemotron-H, Nemotron 3; megatron-core
+    ``ssm/mamba_hybrid_layer_allocation.py``). Each such layer is one block (norm, that mixer or MLP, residual), so
+    ``layers`` is the pattern's length. None: every layer is attention plus an MLP (or a MoE)."""
+    mamba_heads: Count | None = None
+    """Mamba-2 heads of a hybrid model's ``M`` layers (megatron-core --mamba-num-heads); inner width heads x
+    mamba_head_dim."""
+    mamba_head_dim: Count = 64
+    """Mamba-2 head width P (--mamba-head-dim)."""
+    mamba_state_dim: Count = 128
+    """Mamba-2 state width N (--mamba-state-dim)."""
+    mamba_groups: Count = 8
+    """Mamba-2 groups sharing one B and C projection (--mamba-num-groups)."""
+    moe_latent: Count | None = None
+    """LatentMoE (Nemotron 3 Super, --moe-latent-size): routed experts work in this width; each token is projected
+    down to it before the dispatch and back after the combine. None: experts take the model width."""
     precision: Precision = "bf16"
     """Training precision of the GEMMs: bf16, fp16 (mixed), fp8 (Hopper tensor/delayed scaling), mxfp8, nvfp4."""
     finetune: Finetune = "full"
@@ -291,6 +310,8 @@ class ModelSpec(FrozenSpec):
             if self.moe_router_group_topk > self.moe_router_groups:
                 raise ValueError(f"moe_router_group_topk={self.moe_router_group_topk} exceeds "
                                  f"moe_router_groups={self.moe_router_groups}")
+        if self.hybrid_pattern is not None:
+            self._check_hybrid()
         if self.seq_len > MAX_SEQ_LEN:
             raise ValueError(f"seq_len={self.seq_len} is beyond the {MAX_SEQ_LEN:,} tokens the cost model takes")
         width = max(self.ffn_hidden, self.expert_ffn * (self.num_experts + self.shared_experts))
@@ -304,6 +325,24 @@ class ModelSpec(FrozenSpec):
                              f"that divide hidden")
         return self
 
+    def _check_hybrid(self) -> None:
+        pattern = self.hybrid_pattern
+        bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        if bad or not pattern:
+            raise ValueError(f"hybrid_pattern {pattern!r}: one character a layer, each of {HYBRID_SYMBOLS!r} "
+                             f"(M Mamba-2, * attention, - MLP, E MoE)")
+        if len(pattern) != self.layers:
+            raise ValueError(f"hybrid_pattern has {len(pattern)} layers, layers={self.layers}; give the same count")
+        if ("E" in pattern) != bool(self.num_experts):
+            raise ValueError("hybrid_pattern: MoE layers (E) need num_experts and num_experts needs an E layer")
+        if self.dense_layers:
+            raise ValueError("dense_layers does not apply with hybrid_pattern: write the MLP layers (-) into it")
+        if "M" in pattern:
+            if not self.mamba_heads:
+                raise ValueError("hybrid_pattern has Mamba layers (M): give mamba_heads")
+            if self.mamba_heads % self.mamba_groups:
+                raise ValueError(f"mamba_groups={self.mamba_groups} does not divide mamba_heads={self.mamba_heads}")
+
     # Derived shapes -----------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
@@ -316,6 +355,11 @@ class ModelSpec(FrozenSpec):
     @property
     def kv_head_count(self) -> int:
         return self.kv_heads or self.heads
+
+    @property
+    def hybrid_counts(self) -> dict[str, int]:
+        """Layers of each kind of a hybrid model (M Mamba-2, * attention, - MLP, E MoE); {} for a transformer."""
+        return {k: self.hybrid_pattern.count(k) for k in HYBRID_SYMBOLS} if self.hybrid_pattern else {}
 
     @property
     def moe_layers(self) -> int:
@@ -335,6 +379,10 @@ class ModelSpec(FrozenSpec):
             key += f" moe{self.num_experts}x{self.expert_ffn} top{self.moe_topk} shared{self.shared_experts}"
         if self.mla_kv_lora_rank:
             key += f" mla{self.mla_kv_lora_rank}"
+        if self.hybrid_pattern:
+            key += f" hybrid {self.hybrid_pattern} mamba{self.mamba_heads}x{self.mamba_head_dim}"
+        if self.moe_latent:
+            key += f" latent{self.moe_latent}"
         return key
 
 

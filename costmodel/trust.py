@@ -338,17 +338,21 @@ def software(framework: str) -> str:
 
 
 def _support_mask(runs: dict, generation: str | None, moe: bool, num_gpus: int,
-                  framework: str = "megatron-core") -> np.ndarray:
+                  framework: str = "megatron-core", hybrid: bool = False) -> np.ndarray:
+    """Validated runs of the generation, dense or MoE, software and scale span. A hybrid Mamba model
+    (ModelSpec.hybrid_pattern) has none: the validated runs are all transformers (the CSV's Nemotron 3 runs are
+    not scored)."""
     a = runs["_arrays"]
     return ((a["generation"] == (generation or "")) & (a["moe"] == moe) & (a["software"] == software(framework))
-            & (a["num_gpus"] * SCALE_SPAN >= num_gpus) & (a["num_gpus"] <= num_gpus * SCALE_SPAN))
+            & (a["num_gpus"] * SCALE_SPAN >= num_gpus) & (a["num_gpus"] <= num_gpus * SCALE_SPAN) & (not hybrid))
 
 
 def support_counts(model: ModelSpec, cluster: ClusterSpec, plans, runs: dict | None = None,
                    framework: str = "megatron-core") -> np.ndarray:
     """Validated runs near each plan (PlanArrays): one class lookup per call, then a table of the REGIMES regimes."""
     runs = runs or validated_runs()
-    mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, framework)
+    mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, framework,
+                         bool(model.hybrid_pattern))
     table = np.bincount(runs["_arrays"]["code"][mask], minlength=REGIMES)
     return table[regime_code(plans.zero_stage, plans.pp, plans.cp, plans.ep, plans.moe_a2a_overlap,
                              plans.optimizer_offload)]
@@ -395,7 +399,8 @@ def with_intervals(model: ModelSpec, cluster: ClusterSpec, plans, scores: dict) 
 def nearest_runs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, limit: int = 5) -> list[dict]:
     """The validated runs near one plan, closest in GPU count first (then same tp, then same pp)."""
     runs = validated_runs()
-    mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, plan.framework)
+    mask = _support_mask(runs, _generation(cluster), model.num_experts > 0, cluster.num_gpus, plan.framework,
+                         bool(model.hybrid_pattern))
     code = int(regime_code(plan.zero_stage, plan.pp, plan.cp, plan.ep, plan.moe_a2a_overlap, plan.optimizer_offload))
     idx = np.flatnonzero(mask & (runs["_arrays"]["code"] == code))
     rows = [runs["runs"][i] for i in idx]

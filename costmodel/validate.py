@@ -94,7 +94,11 @@ def published_step_time(row: dict) -> float:
 
 # Catalog entries whose architecture details (MLA, head width, leading dense layers, shared experts,
 # vocabulary) fill what a row leaves out, matched on the row's model name.
-_FAMILY = (("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"),
+_FAMILY = (("nemotron-3-nano", "nemotron-3-nano"), ("nemotron-3-super", "nemotron-3-super"),
+           ("nemotron-h-8b", "nemotron-h-8b"), ("nemotron-h-47b", "nemotron-h-47b"),
+           ("nemotron-h-56b", "nemotron-h-56b"),
+           ("nemotron-nano-9b-v2", "nemotron-nano-9b-v2"), ("nemotron-nano-12b-v2", "nemotron-nano-12b-v2"),
+           ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"),
            ("qwen3-235b", "qwen3-235b-a22b"), ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"),
            ("nemotron4-340b", "nemotron4-340b"), ("nemotron-340b", "nemotron4-340b"))
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok")
@@ -1335,7 +1339,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
     profile = load_profile(row["gpu_type"])
     model = row_model(row, assumed)
     hybrid = _NON_ATTENTION_NAME.search(row.get("model_name") or "")
-    if hybrid:
+    if hybrid and not model.hybrid_pattern:
         assumed.append(f"model_name names a model with state-space or linear-attention layers ({hybrid.group(0)!r}): "
                        f"priced as a transformer of its {model.layers} layers, every one attention and MLP (such "
                        f"layers are not modelled)")

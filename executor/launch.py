@@ -171,6 +171,11 @@ def preflight(model: ModelSpec, plan: ParallelPlan, *, source: str = "plan") -> 
     bad = violations(model, plan)
     if bad:
         raise InputError(f"{source}: {bad[0]}")
+    if model.hybrid_pattern:
+        # megatron-core's MambaModel needs the mamba_ssm and causal_conv1d CUDA kernels; the executor builds GPTModel.
+        raise InputError(f"{source}: model {model.name} is a hybrid Mamba model (hybrid_pattern); the executor builds "
+                         f"transformers (megatron-core GPTModel) only; run it with Megatron-LM's pretrain_mamba.py "
+                         f"and the plan's launch.sh")
     if plan.cp > 1:
         try:
             import transformer_engine  # noqa: F401

@@ -146,7 +146,7 @@ def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> 
     no flag can state (``model.unexpressed`` first). ``megatron_args`` writes ``lost`` as one
     ``# not expressed: ...`` comment line."""
     f = _Flags(lost=list(model.unexpressed))
-    for section in (_shape_flags, _position_flags, _layer_flags, _mla_flags, _moe_flags):
+    for section in (_shape_flags, _position_flags, _layer_flags, _mla_flags, _moe_flags, _hybrid_flags):
         section(model, f)
     return f.out, f.lost
 
@@ -184,6 +184,10 @@ def _position_flags(model: ModelSpec, f: _Flags) -> None:
     #   takes rope by default"); core_transformer_config_from_args: 'Common attention only support rope_type="rope"'.
     # _add_mla_args: '--rotary-scaling-factor' (float, default 1.0), '--mscale' (1.0), '--mscale-all-dim' (0.0);
     #   MLATransformerConfig fixes original_max_position_embeddings=4096, beta_fast=32, beta_slow=1 (no flags).
+    if model.hybrid_pattern:
+        # megatron-core MambaModel (and Megatron-Bridge's MambaModelProvider): no position embeddings.
+        f.out.append("--position-embedding-type none")
+        return
     if model.learned_position_embeddings:
         f.out.append("--position-embedding-type learned_absolute")
     else:
@@ -315,9 +319,30 @@ def _moe_flags(model: ModelSpec, f: _Flags) -> None:
         f.out.append(f"--mtp-num-layers {model.mtp_layers}")
 
 
+def _hybrid_flags(model: ModelSpec, f: _Flags) -> None:
+    """A hybrid Mamba model's pattern and Mamba-2 widths, and a LatentMoE's width (pretrain_mamba.py)."""
+    # arguments.py _add_network_size_args: '--hybrid-override-pattern', '--mamba-state-dim', '--mamba-head-dim',
+    #   '--mamba-num-groups', '--mamba-num-heads'; _add_moe_args: '--moe-latent-size' (the flags Megatron-LM's
+    #   hybrid checkpoint loaders write for Nemotron-H and Nemotron 3).
+    if model.hybrid_pattern:
+        f.out += [f"--hybrid-override-pattern {model.hybrid_pattern}", f"--mamba-state-dim {model.mamba_state_dim}",
+                  f"--mamba-head-dim {model.mamba_head_dim}", f"--mamba-num-groups {model.mamba_groups}"]
+        if model.mamba_heads:
+            f.out.append(f"--mamba-num-heads {model.mamba_heads}")
+    if model.moe_latent:
+        f.out.append(f"--moe-latent-size {model.moe_latent}")
+
+
+def entry_script(model: ModelSpec) -> str:
+    """Megatron-LM's training script for ``model``: pretrain_mamba.py builds the hybrid Mamba models
+    (ModelSpec.hybrid_pattern), pretrain_gpt.py every other."""
+    return "pretrain_mamba.py" if model.hybrid_pattern else "pretrain_gpt.py"
+
+
 def megatron_args(model: ModelSpec, plan: ParallelPlan, *, layout: str | None = None,
                   fp8_recipe: str = "tensorwise", transformer_engine: bool = True) -> list[str]:
-    """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan``.
+    """Megatron-LM ``pretrain_gpt.py`` flags for ``model`` trained with ``plan`` (``pretrain_mamba.py``'s for a
+    hybrid model: entry_script).
 
     One flag, or flag and value separated by one space, per item; items starting with ``#`` are
     comments (settings without a verified flag, and notes; ``# not expressed: ...`` names every fact of the
@@ -1258,8 +1283,8 @@ def write_outputs(out_dir: str | os.PathLike, model: ModelSpec, cluster: Cluster
     contents: dict[str, Writer] = {
         "plan.json": json.dumps(data, indent=1, allow_nan=False) + "\n",
         "megatron_args.txt": "\n".join(args) + "\n",
-        "launch.sh": launch_script(model, cluster, plan, args),
-        "launch.sbatch": sbatch_script(model, cluster, plan, args),
+        "launch.sh": launch_script(model, cluster, plan, args, entry=entry_script(model)),
+        "launch.sbatch": sbatch_script(model, cluster, plan, args, entry=entry_script(model)),
         **(figures or {}),
     }
     write_files_atomic(out_dir, contents, executable=("launch.sh",), create=True)

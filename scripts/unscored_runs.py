@@ -1,7 +1,7 @@
 """Score the cost model on published runs the shared CSV leaves unscored, completed from public facts.
 
 data/validation/published_runs.csv marks a row ``scored=false`` where its step time or core configuration is not
-in the source. Two groups of such rows can be completed without a guess, and the cost model is never fitted to
+in the source. Four groups of such rows can be completed without a guess, and the cost model is never fitted to
 them, so they test it where the fitted runs say least:
 
 - ``long-context``: NeMo's long-sequence tables (source NEMO_LONGSEQ: Llama 2 7B on DGX-H100, NeMo 24.03.01,
@@ -26,6 +26,12 @@ them, so they test it where the fitted runs say least:
   DeepSeek-V3 architecture with 384 experts and 64 heads) gives them by the row's name. A model the fit has not
   seen, on the source the MoE factors are fitted to. The table notes that the runs used the Muon optimizer; the
   rows are priced with it (costmodel/validate.py optimizer_of, costmodel/muon.py).
+- ``nemotron-3``: the archive's Nemotron 3 Nano (8-16 GPUs) and Super (64 GPUs) on H100, B200, B300, GB200 and
+  GB300 (FP8, MXFP8, NVFP4, releases 26.02.01-26.06.01), hybrid Mamba-2 / attention / MoE models with step times
+  and layouts but no widths in the CSV; the catalog's nemotron-3-nano and nemotron-3-super (Megatron-Bridge's
+  Nemotron3NanoProvider / Nemotron3SuperProvider: layer patterns, Mamba widths, LatentMoE) give them by name. The
+  only runs of Mamba layers in the data: they test the hybrid model's pricing (costmodel/estimate.py
+  _hybrid_means), which no fit has seen.
 
 For each row: the published and the predicted step time (shipped profiles) with its P10-P90 and their ratio, then
 per GPU type and precision the MAPE and how many published step times fall inside their P10-P90.
@@ -110,7 +116,15 @@ def kimi_k2_rows(rows: list[dict]) -> list[dict]:
             if r["model_name"].lower().startswith("kimi-k2") and r["step_time_s"].strip()]
 
 
-GROUPS = {"long-context": long_context_rows, "grok-1": grok1_rows, "kimi-k2": kimi_k2_rows}
+def nemotron3_rows(rows: list[dict]) -> list[dict]:
+    """The Nemotron 3 Nano and Super rows with a step time, as scored rows (hybrid Mamba models: the catalog gives
+    their layer patterns and widths by name)."""
+    return [{**r, "scored": "true"} for r in rows
+            if r["model_name"].lower().startswith("nemotron-3-") and r["step_time_s"].strip()]
+
+
+GROUPS = {"long-context": long_context_rows, "grok-1": grok1_rows, "kimi-k2": kimi_k2_rows,
+          "nemotron-3": nemotron3_rows}
 
 
 def cases_of(rows: list[dict], fields: list[str]) -> list:

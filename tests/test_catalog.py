@@ -43,6 +43,9 @@ def param_count(m: ModelSpec, *, active: bool = False, count_input_embedding: bo
     ``active`` counts only the experts one token goes through (top-k routed + shared).
     """
     h = m.hidden
+    if m.hybrid_pattern:
+        return _hybrid_param_count(m, active) + (m.vocab * h if count_input_embedding else 0) + \
+            (0 if m.tied_embeddings else m.vocab * h) + h
     per_layer_common = _attention_params(m) + 2 * h  # two pre-norms per layer
     dense = _mlp_params(h, m.ffn_hidden, m.gated_mlp)
     total = m.layers * per_layer_common
@@ -57,6 +60,24 @@ def param_count(m: ModelSpec, *, active: bool = False, count_input_embedding: bo
     if m.learned_position_embeddings:
         total += m.seq_len * h
     return total + h  # final norm
+
+
+def _hybrid_param_count(m: ModelSpec, active: bool) -> int:
+    """The layers of a hybrid Mamba model, each one block with its own pre-norm: a Mamba-2 mixer (megatron-core
+    MambaMixer: in_proj to z, x, B, C and dt, a depthwise conv1d of width 4 with bias over x, B, C, A_log, D and
+    dt_bias per head, a gated RMSNorm, out_proj), attention, an MLP, or a MoE whose routed experts work in the
+    LatentMoE width with the two projections to and from it."""
+    h, n = m.hidden, {k: m.hybrid_pattern.count(k) for k in "M*-E"}
+    d_in, gn = (m.mamba_heads or 0) * m.mamba_head_dim, m.mamba_groups * m.mamba_state_dim
+    mamba = h * (2 * d_in + 2 * gn + (m.mamba_heads or 0)) + (d_in + 2 * gn) * 5 + 3 * (m.mamba_heads or 0) \
+        + d_in + d_in * h
+    attn = _attention_params(m)
+    mlp = _mlp_params(h, m.ffn_hidden, m.gated_mlp)
+    width = m.moe_latent or h
+    routed = (m.moe_topk if active else m.num_experts) * _mlp_params(width, m.expert_ffn, m.gated_mlp)
+    moe = routed + m.shared_experts * _mlp_params(h, m.expert_ffn, m.gated_mlp) + h * m.num_experts \
+        + (2 * h * m.moe_latent if m.moe_latent else 0)
+    return n["M"] * mamba + n["*"] * attn + n["-"] * mlp + n["E"] * moe + m.layers * h
 
 
 # Published sizes. Sources:
@@ -99,6 +120,15 @@ PUBLISHED_TOTAL = {
     "llama3.2-3b": 3.21e9,
     "deepseek-v2": 236e9,     # DeepSeek-V2 paper: 236B total, 21B active; V2-Lite 15.7B
     "deepseek-v2-lite": 15.7e9,
+    # Hybrid Mamba models: Nemotron-H 8B / 56B (arXiv:2504.03624), Nemotron 3 Nano (NVIDIA's technical report:
+    # 31.6B total, 3.2B active) and Super (120B total, the model's name NVIDIA-Nemotron-3-Super-120B-A12B).
+    "nemotron-h-8b": 8e9,
+    "nemotron-h-47b": 47e9,
+    "nemotron-h-56b": 56e9,
+    "nemotron-nano-9b-v2": 8.89e9,    # the model cards: 8.89B, 12.31B
+    "nemotron-nano-12b-v2": 12.31e9,
+    "nemotron-3-nano": 31.6e9,
+    "nemotron-3-super": 120e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -110,6 +140,7 @@ PUBLISHED_ACTIVE = {
     "gpt-oss-120b": 5.13e9,  # the model card leaves the embedding lookup out of "active"
     "mixtral-8x22b": 39e9,
     "deepseek-v2": 21e9,
+    "nemotron-3-nano": 3.2e9,   # the report's 3.2B: the input embedding counted, not the output layer
 }
 
 
@@ -132,9 +163,10 @@ def test_parameter_count_matches_published_size(name):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE))
 def test_active_parameter_count_matches_published_size(name):
+    model = get_model(name)
     got = param_count(
-        get_model(name), active=True, count_input_embedding=name != "gpt-oss-120b"
-    )
+        model, active=True, count_input_embedding=name != "gpt-oss-120b"
+    ) - (model.vocab * model.hidden if name == "nemotron-3-nano" else 0)
     want = PUBLISHED_ACTIVE[name]
     assert abs(got - want) / want < 0.03, f"{name}: {got / 1e9:.2f}B vs published {want / 1e9}B"
 
@@ -349,7 +381,7 @@ def test_hf_unknown_family_and_keys_are_named(tmp_path):
     m = from_hf_config(p)
     assert m.unexpressed == ("model_type 'new_family': an architecture the planner does not know (known: "
                              "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
-                             "gpt_oss, gpt2, gpt_neox, nemotron)",
+                             "gpt_oss, gpt2, gpt_neox, nemotron, nemotron_h)",
                              "config key 'attn_logit_softcapping'=50.0 (no mapping)")
     # A Llama whose keys are absent takes transformers' LlamaConfig defaults (rms_norm_eps 1e-6, rope_theta 1e4).
     p = _write(tmp_path, {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096,
@@ -450,7 +482,7 @@ def test_a_variant_suffix_does_not_shorten_a_name_into_another_model():
 
 
 @pytest.mark.parametrize("extra, named", [
-    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-M-"}, "field 'hybrid_override_pattern'"),
+    ({"model_type": "zamba2", "hybrid_override_pattern": "M-M*-M-"}, "field 'hybrid_override_pattern'"),
     ({"model_type": "jamba", "layers_block_type": ["mamba", "attention"]}, "field 'layers_block_type'"),
     ({"model_type": "qwen3_next", "full_attention_interval": 4}, "field 'full_attention_interval'"),
     ({"model_type": "mamba2"}, "model_type 'mamba2'")])
@@ -461,15 +493,62 @@ def test_hf_state_space_and_linear_attention_hybrids_are_refused(tmp_path, extra
         from_hf_config(_write(tmp_path, data))
 
 
-def test_a_megatron_log_of_a_hybrid_mamba_run_is_refused():
-    """pretrain_mamba.py prints hybrid_override_pattern: its Mamba-2 layers are not priced, so plan calibrate says so
-    instead of reading the run as a transformer."""
+def _nemotron_h_config(**extra) -> dict:
+    """The fields transformers' NemotronHConfig reads, with Nemotron 3 Nano's values (Megatron-Bridge's
+    Nemotron3NanoProvider, which the catalog entry cites)."""
+    nano = catalog()["nemotron-3-nano"]
+    return {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 2688,
+            "intermediate_size": 1856, "num_hidden_layers": 52, "hybrid_override_pattern": nano.hybrid_pattern,
+            "num_attention_heads": 32, "head_dim": 128, "num_key_value_heads": 2, "mamba_num_heads": 64,
+            "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "chunk_size": 128,
+            "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+            "moe_shared_expert_intermediate_size": 3712, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True, "n_group": 1, "topk_group": 1, "mlp_hidden_act": "relu2",
+            "layer_norm_epsilon": 1e-5, "vocab_size": 131072, "tie_word_embeddings": False,
+            "max_position_embeddings": 262144, "attention_bias": False, "mlp_bias": False, "use_bias": False,
+            "use_conv_bias": True, "mamba_hidden_act": "silu", "hidden_dropout": 0.0, "attention_dropout": 0.0,
+            **extra}
+
+
+def test_a_nemotron_h_config_is_the_hybrid_model_it_describes(tmp_path):
+    """A nemotron_h config.json builds the hybrid model: Nemotron 3 Nano's is the catalog entry field for field,
+    and layers_block_type spells the same pattern as hybrid_override_pattern."""
+    want = catalog()["nemotron-3-nano"].model_dump()
+    got = from_hf_config(_write(tmp_path, _nemotron_h_config())).model_dump()
+    assert {k: (got[k], want[k]) for k in got if got[k] != want[k]} == {"name": ("model", "nemotron-3-nano")}
+    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    blocks = [kinds[ch] for ch in want["hybrid_pattern"]]
+    data = {k: v for k, v in _nemotron_h_config(layers_block_type=blocks).items() if k != "hybrid_override_pattern"}
+    assert from_hf_config(_write(tmp_path, data)).hybrid_pattern == want["hybrid_pattern"]
+    data.pop("layers_block_type")
+    with pytest.raises(InputError, match="field 'hybrid_override_pattern': a nemotron_h config needs its layer"):
+        from_hf_config(_write(tmp_path, data))
+
+
+def test_a_megatron_log_of_a_hybrid_mamba_run_reads_its_pattern_and_mamba_widths():
+    """pretrain_mamba.py prints hybrid_override_pattern and the Mamba-2 widths: plan calibrate reads the run as the
+    hybrid model it is (the part of the pattern after '/' is the multi-token-prediction modules'), and a pattern
+    whose length is not num_layers is a one-line error naming the field."""
     from costmodel.runlog import parse_megatron_log
 
     text = (Path(__file__).parent / "data" / "megatron" / "llama3.1-8b_tp2pp2dp4_h100x16.log").read_text()
     line = "  use_distributed_optimizer ....................... True\n"
-    patched = text.replace(line, line + "  hybrid_override_pattern ......................... M-M-M*-\n")
+    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M"     # 32 layers: 15 Mamba, 3 attention, 14 MLP
+    extra = (f"  hybrid_override_pattern ......................... {pattern}/*-\n"
+             "  mamba_num_heads ................................. 64\n"
+             "  mamba_state_dim ................................. 128\n"
+             "  squared_relu .................................... True\n")
+    patched = text.replace(line, line + extra).replace("  swiglu .......................................... True",
+                                                        "  swiglu .......................................... False")
     assert patched != text
-    with pytest.raises(InputError, match="hybrid.log: field 'hybrid_override_pattern' = 'M-M-M\\*-': a hybrid Mamba"):
-        parse_megatron_log(patched, "hybrid.log", gpu="H100")
-    assert parse_megatron_log(text, "plain.log", gpu="H100").measurement.model.layers == 32
+    model = parse_megatron_log(patched, "hybrid.log", gpu="H100").measurement.model
+    assert model.hybrid_pattern == pattern and model.mtp_layers == 1
+    assert (model.mamba_heads, model.mamba_head_dim, model.mamba_state_dim, model.mamba_groups) == (64, 64, 128, 8)
+    assert model.hybrid_counts == {"M": 15, "*": 3, "-": 14, "E": 0}
+    assert (model.activation, model.normalization, model.linear_bias, model.hidden_dropout) == \
+        ("squared_relu", "RMSNorm", False, 0.0)
+    short = text.replace(line, line + "  hybrid_override_pattern ......................... M-M-M*-\n")
+    want = "hybrid.log: field 'hybrid_override_pattern' = 'M-M-M\\*-': 7 layers before any '/', num_layers 32"
+    with pytest.raises(InputError, match=want):
+        parse_megatron_log(short, "hybrid.log", gpu="H100")
+    assert parse_megatron_log(text, "plain.log", gpu="H100").measurement.model.hybrid_pattern is None

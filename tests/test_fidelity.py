@@ -102,6 +102,13 @@ def megatron_parser() -> argparse.ArgumentParser:
     a("--mscale-all-dim", type=float, default=0.0)
     # _add_moe_args
     a("--num-experts", type=int, default=None)
+    # _add_network_size_args (hybrid models, pretrain_mamba.py) and _add_moe_args' LatentMoE width
+    a("--hybrid-override-pattern", type=str, default=None)
+    a("--mamba-state-dim", type=int, default=128)
+    a("--mamba-head-dim", type=int, default=64)
+    a("--mamba-num-groups", type=int, default=8)
+    a("--mamba-num-heads", type=int, default=None)
+    a("--moe-latent-size", type=int, default=None)
     a("--moe-layer-freq", type=_moe_freq, default=1)
     a("--moe-ffn-hidden-size", type=int, default=None)
     a("--moe-shared-expert-intermediate-size", type=int, default=None)
@@ -162,6 +169,12 @@ def megatron_facts(ns: argparse.Namespace) -> dict:
         f.update(head_width=ns.kv_channels or ns.hidden_size // ns.num_attention_heads,
                  kv_heads=ns.num_query_groups if ns.group_query_attention else ns.num_attention_heads,
                  mla_kv_lora_rank=None)
+    if ns.hybrid_override_pattern:
+        # MambaMixer: heads = expand (2) x hidden / head width unless given
+        f.update(hybrid_pattern=ns.hybrid_override_pattern, mamba_state_dim=ns.mamba_state_dim,
+                 mamba_head_dim=ns.mamba_head_dim, mamba_groups=ns.mamba_num_groups,
+                 mamba_heads=ns.mamba_num_heads or 2 * ns.hidden_size // ns.mamba_head_dim)
+    f["moe_latent"] = ns.moe_latent_size
     if ns.position_embedding_type == "rope":
         f.update(rotary_base=float(ns.rotary_base), rotary_percent=ns.rotary_percent)
         rope_type = ns.rope_type or ("yarn" if mla else "rope")  # MLATransformerConfig.rope_type = "yarn"
@@ -217,7 +230,11 @@ def spec_facts(m: ModelSpec) -> dict:
                  mla_v_head_dim=m.mla_v_head_dim or m.head_width)
     else:
         f["kv_heads"] = m.kv_head_count
-    if not m.learned_position_embeddings:
+    if m.hybrid_pattern:
+        f.update(hybrid_pattern=m.hybrid_pattern, mamba_state_dim=m.mamba_state_dim, mamba_head_dim=m.mamba_head_dim,
+                 mamba_groups=m.mamba_groups, mamba_heads=m.mamba_heads)
+    f["moe_latent"] = m.moe_latent
+    if not m.learned_position_embeddings and not m.hybrid_pattern:   # a hybrid model has no position embeddings
         rs = m.rope_scaling
         f.update(rotary_base=m.rotary_base, rotary_percent=m.rotary_percent, rope_scaling=None if rs is None else {
             "yarn": lambda: ("yarn", rs.factor, rs.mscale, rs.mscale_all_dim, rs.original_max_position_embeddings,

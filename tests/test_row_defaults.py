@@ -886,13 +886,20 @@ def test_a_tf32_run_is_priced_on_the_tf32_tensor_cores_with_fp32_tensors(tmp_pat
 
 
 def test_a_row_naming_a_hybrid_mamba_model_is_priced_as_its_layers_and_says_so(tmp_path):
-    """Nemotron-H's Mamba-2 layers are not modelled: a row that gives its widths is still predicted (as a transformer
-    of its layers), and its assumptions say so; a Nemotron-4 row is not such a model."""
+    """A row naming a catalog hybrid (Nemotron-H 8B) is that model, Mamba layers and all; one naming a hybrid the
+    catalog does not hold (Jamba) is still predicted, as a transformer of its layers, and its assumptions say so; a
+    Nemotron-4 row is not such a model."""
+    from costmodel.catalog import catalog
+
     row = dict(model_name="Nemotron-H 8B", params_b="8", layers="52", hidden="4096", ffn_hidden="21504", heads="32",
                kv_heads="8", vocab="131072", seq_len="8192", num_gpus="8", tp="1", pp="1", dp="8",
                global_batch="64", micro_batch="1", framework="megatron-core")
-    case = _case(tmp_path, **row)
-    assert any(a.startswith("model_name names a model with state-space or linear-attention layers ('Nemotron-H')")
+    hybrid = _case(tmp_path, **row)
+    assert hybrid.model.hybrid_pattern == catalog()["nemotron-h-8b"].hybrid_pattern
+    assert not any("state-space" in a for a in hybrid.assumed) and predict_case(hybrid)["fits"]
+    case = _case(tmp_path, **{**row, "model_name": "Jamba 8B"})
+    assert case.model.hybrid_pattern is None
+    assert any(a.startswith("model_name names a model with state-space or linear-attention layers ('Jamba')")
                and "52 layers" in a for a in case.assumed)
     assert predict_case(case)["fits"]
     plain = _case(tmp_path, **{**row, "model_name": "Nemotron-4 15B"})

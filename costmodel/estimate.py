@@ -515,9 +515,15 @@ def _mamba_sublayer(c: SimpleNamespace, d: SimpleNamespace) -> dict:
         elems = elems + tokens * c.q * (h + md["d_inner"] / tp)
     mb = compute.memory_bound_time_s(c.prof, c.eb * elems)
     tp_f, tp_b = _tp_exposed(d.t_tp / 2, t_gemm, c.fw, c.cal, c.wgrad)
-    f = t_gemm + t_ssd + mb + tp_f + d.t_host
-    b = (1 + c.wgrad) * t_gemm + t_ssd_b + 2 * mb + tp_b + 2 * d.t_host
-    return _sublayer(f, b, mb, 0.5 * (tp_f + tp_b), core_f=t_ssd, core_b=t_ssd_b)
+    # Context parallelism (megatron-core ssm/mamba_context_parallel.py): all-to-alls turn the cp sequence shards into
+    # head shards before the conv1d and scan (x, B, C, dt) and back after it (y), on the mixer's path; the backward
+    # runs them in reverse.
+    a2a_bytes = tokens * (md["conv_dim"] + md["heads"] + md["d_inner"]) / tp * c.eb
+    t_cp = np.where(c.cp > 1, comm.collective_time_s(c.prof, c.cluster, "all_to_all", a2a_bytes, c.cp, c.cp_k,
+                                                     c.cp_N) * c.cal.comm_exposed, 0.0)
+    f = t_gemm + t_ssd + mb + tp_f + t_cp + d.t_host
+    b = (1 + c.wgrad) * t_gemm + t_ssd_b + 2 * mb + tp_b + t_cp + 2 * d.t_host
+    return _sublayer(f, b, mb, 0.5 * (tp_f + tp_b), core_f=t_ssd, core_b=t_ssd_b, cp_f=t_cp, cp_b=t_cp)
 
 
 def _hybrid_means(c: SimpleNamespace, lt: SimpleNamespace) -> None:

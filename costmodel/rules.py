@@ -462,12 +462,14 @@ def _has_mamba(m: ModelSpec) -> bool:
 
 
 def _ok_mamba_tp(m, c, n, kv):
-    return np.logical_and(m.mamba_heads % c.tp == 0, m.mamba_groups % c.tp == 0)
+    return np.logical_and.reduce([m.mamba_heads % c.tp == 0, m.mamba_groups % c.tp == 0,
+                                  m.mamba_heads % (c.tp * c.cp) == 0])
 
 
 def _msg_mamba_tp(m, c, n, kv):
-    return (f"tp={c.tp} does not divide mamba_heads={m.mamba_heads} and mamba_groups={m.mamba_groups} (megatron-core "
-            f"MambaMixer splits both over tp); valid tp: {_fmt(common_divisors(m.mamba_heads, m.mamba_groups))}")
+    return (f"tp={c.tp}, cp={c.cp}: megatron-core's MambaMixer splits mamba_heads={m.mamba_heads} and "
+            f"mamba_groups={m.mamba_groups} over tp and the heads over tp x cp (ssm/mamba_context_parallel.py); valid "
+            f"tp: {_fmt(common_divisors(m.mamba_heads, m.mamba_groups))}, with tp x cp dividing {m.mamba_heads}")
 
 
 def _ok_hybrid_vpp(m, c, n, kv):

@@ -1134,8 +1134,16 @@ def fill_from_catalog(row: dict, assumed: list[str]) -> dict:
         near = re.search(r" \(did you mean [^)]*\)", str(exc))
         raise ValueError(f"column(s) {', '.join(need)} empty and model_name {row.get('model_name')!r} is no "
                          f"catalog model to take them from{near.group(0) if near else ''}; fill them or name one "
-                         f"of: {', '.join(catalog_names())}") from None
+                         f"of: {_catalog_list()}") from None
     return _filled(row, spec, blank, assumed, "")
+
+
+def _catalog_list(limit: int = 24) -> str:
+    """The catalog's names for a one-line error: the first ``limit``, then how many more (the README's --model
+    lists them all)."""
+    names = catalog_names()
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more (README, --model)" if more > 0 else "")
 
 
 def _filled(row: dict, spec: ModelSpec, blank: list[str], assumed: list[str], why: str) -> dict:

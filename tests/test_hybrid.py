@@ -95,8 +95,21 @@ def test_rules_split_mamba_heads_and_groups_over_tp_and_run_no_interleaving():
     assert violations(h56, ParallelPlan(tp=8, pp=2, dp=4, global_batch=64)) == []
     bad = violations(h56, ParallelPlan(tp=16, pp=1, dp=4, global_batch=64))
     assert any("mamba_groups=8" in v and "valid tp: 1, 2, 4, 8" in v for v in bad)
+    assert any("tp x cp dividing 256" in v for v in violations(h56, ParallelPlan(tp=8, cp=64, dp=1, global_batch=64)))
     bad = violations(h56, ParallelPlan(tp=8, pp=2, vpp=2, dp=4, global_batch=64))
     assert any("hybrid Mamba model" in v and "valid vpp: 1" in v for v in bad)
+
+
+def test_context_parallel_mamba_layers_pay_their_all_to_alls():
+    """cp 2 splits the sequence, and each Mamba-2 layer turns it into head shards and back: its cp term is an
+    all-to-all each way, none at cp 1."""
+    from costmodel import estimate as E
+
+    for cp, some in ((1, False), (2, True)):
+        a = PlanArrays.from_plans([ParallelPlan(tp=2, cp=cp, dp=32 // cp, global_batch=64, recompute="none")])
+        c = _context(get_model("nemotron-h-8b"), CLUSTER, a, H100, "megatron-core", 1.0, None)
+        m = E._mamba_sublayer(c, E._dense_layer(c))
+        assert (m["cp_f"][0] > 0) == some and (m["cp_b"][0] > 0) == some
 
 
 def test_megatron_flags_and_entry_script_build_the_hybrid_model(tmp_path):

@@ -314,20 +314,20 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Nemotron-H 8B / 47B / 56B (NVIDIA 2025, "Nemotron-H", arXiv:2504.03624): 52 / 98 / 118 layers, 4 / 5 / 10 of
     # them attention.
     "nemotron-h-8b": (
-        ("nemotronh8b", "nvidia/Nemotron-H-8B-Base-8K"),
+        ("nemotronh8b", "nvidia/Nemotron-H-8B-Base-8K", "Nemotron-H-8B-Base-8K"),
         dict(layers=52, hidden=4096, ffn_hidden=21504, heads=32, kv_heads=8, head_dim=128, seq_len=8192,
              hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", mamba_heads=128,
              mamba_state_dim=128, **_NEMOTRON_H),
     ),
     "nemotron-h-56b": (
-        ("nemotronh56b", "nvidia/Nemotron-H-56B-Base-8K"),
+        ("nemotronh56b", "nvidia/Nemotron-H-56B-Base-8K", "Nemotron-H-56B-Base-8K"),
         dict(layers=118, hidden=8192, ffn_hidden=32768, heads=64, kv_heads=8, head_dim=128, seq_len=8192,
              hybrid_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
                             "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", mamba_heads=256, mamba_state_dim=256,
              **_NEMOTRON_H),
     ),
     "nemotron-h-47b": (
-        ("nemotronh47b", "nvidia/Nemotron-H-47B-Base-8K"),
+        ("nemotronh47b", "nvidia/Nemotron-H-47B-Base-8K", "Nemotron-H-47B-Base-8K"),
         dict(layers=98, hidden=8192, ffn_hidden=30720, heads=64, kv_heads=8, head_dim=128, seq_len=8192,
              hybrid_pattern="M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*-"
                             "M-M-M-M-M-", mamba_heads=256, mamba_state_dim=256, **_NEMOTRON_H),
@@ -335,13 +335,14 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # Nemotron Nano 2 (NVIDIA 2025, "NVIDIA Nemotron Nano 2", arXiv:2508.14444; NemotronNanoModelProvider9Bv2 /
     # 12Bv2): Mamba heads of 80, 40 attention heads of 128; 8,192 tokens here (the providers' default is 131,072).
     "nemotron-nano-9b-v2": (
-        ("nemotronnano9bv2", "nvidia/NVIDIA-Nemotron-Nano-9B-v2"),
+        ("nemotronnano9bv2", "nemotron-nano-2-9b", "nvidia/NVIDIA-Nemotron-Nano-9B-v2", "NVIDIA-Nemotron-Nano-9B-v2"),
         dict(layers=56, hidden=4480, ffn_hidden=15680, heads=40, kv_heads=8, head_dim=128, seq_len=8192,
              hybrid_pattern="M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", mamba_heads=128,
              mamba_head_dim=80, mamba_state_dim=128, **_NEMOTRON_H),
     ),
     "nemotron-nano-12b-v2": (
-        ("nemotronnano12bv2", "nvidia/NVIDIA-Nemotron-Nano-12B-v2"),
+        ("nemotronnano12bv2", "nemotron-nano-2-12b", "nvidia/NVIDIA-Nemotron-Nano-12B-v2",
+         "NVIDIA-Nemotron-Nano-12B-v2"),
         dict(layers=62, hidden=5120, ffn_hidden=20480, heads=40, kv_heads=8, head_dim=128, seq_len=8192,
              hybrid_pattern="M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-", mamba_heads=128,
              mamba_head_dim=80, mamba_state_dim=128, **_NEMOTRON_H),
@@ -350,7 +351,8 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # 128 over 2 key-value groups, 64 Mamba heads, 128 experts of 1,856 and a shared one of 3,712 (two of 1,856
     # here), top-6, sigmoid router with expert bias, scaling 2.5.
     "nemotron-3-nano": (
-        ("nemotron3nano", "nemotron-3-nano-30b-a3b", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"),
+        ("nemotron3nano", "nemotron-3-nano-30b-a3b", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+         "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "NVIDIA-Nemotron-3-Nano-30B-A3B"),
         dict(layers=52, hidden=2688, ffn_hidden=1856, heads=32, kv_heads=2, head_dim=128, seq_len=8192,
              hybrid_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", mamba_heads=64,
              mamba_state_dim=128, num_experts=128, moe_topk=6, moe_ffn_hidden=1856, shared_experts=2,
@@ -360,7 +362,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # wide, 128 Mamba heads, 512 experts of 2,688 in a LatentMoE of width 1,024 and a shared one of 5,376, top-22,
     # scaling 5.0, two multi-token-prediction modules (attention and MoE each).
     "nemotron-3-super": (
-        ("nemotron3super", "nemotron-3-super-120b-a12b"),
+        ("nemotron3super", "nemotron-3-super-120b-a12b", "NVIDIA-Nemotron-3-Super-120B-A12B"),
         dict(layers=88, hidden=4096, ffn_hidden=2688, heads=32, kv_heads=2, head_dim=128, seq_len=8192,
              hybrid_pattern="MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME",
              mamba_heads=128, mamba_state_dim=128, num_experts=512, moe_topk=22, moe_ffn_hidden=2688,

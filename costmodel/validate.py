@@ -532,7 +532,13 @@ def _family(name: str) -> ModelSpec | None:
     for pat, cat in _FAMILY:
         if pat in key:
             return catalog()[cat]
-    return None
+    # A hybrid Mamba model by any name the catalog knows ('NemotronH-56B', 'Nemotron Nano 2 9B'): its layer pattern
+    # is not in the CSV's columns.
+    try:
+        spec = get_model(re.sub(r"\(.*?\)", "", name).strip())
+    except InputError:
+        return None
+    return spec if spec.hybrid_pattern else None
 
 
 def row_model(row: dict, assumed: list[str]) -> ModelSpec:

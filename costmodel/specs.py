@@ -128,7 +128,8 @@ class RopeScaling(FrozenSpec):
 
 
 class ModelSpec(FrozenSpec):
-    """A decoder-only transformer (GPT / Llama / MoE family) as Megatron builds it.
+    """A decoder-only transformer (GPT / Llama / MoE family), or a hybrid of Mamba-2, attention, MLP and MoE layers
+    (``hybrid_pattern``: Nemotron-H, Nemotron 3), as Megatron builds it.
 
     The architectural facts below the shape (positions, normalisation, activation, biases, router) change
     numerics but not the cost model's figures; ``planner/outputs.py`` turns every one into Megatron-LM flags.

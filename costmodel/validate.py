@@ -549,6 +549,11 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
     spec: dict = {}
     if fam is not None:
         spec.update(fam.model_dump())
+        if fam.hybrid_pattern:
+            kinds = ", ".join(f"{n} {w}" for w, n in zip(("Mamba-2", "attention", "MLP", "MoE"),
+                                                        fam.hybrid_counts.values()) if n)
+            assumed.append(f"hybrid_pattern {fam.hybrid_pattern} ({kinds} layers; the catalog's {fam.name}, which "
+                           f"no column states)")
     lname = name.lower()
     gated = any(g in lname for g in _GATED) if fam is None else fam.gated_mlp
     spec.update(name=name, layers=_int(row["layers"]), hidden=hidden, heads=heads,

@@ -148,6 +148,8 @@ def test_a_csv_row_naming_a_hybrid_model_reads_its_pattern(tmp_path):
     cases, errors = load_cases(path)
     assert errors == [] and cases[0].model.hybrid_pattern == NANO.hybrid_pattern
     assert not any("state-space" in a for a in cases[0].assumed)
+    assert any(a.startswith(f"hybrid_pattern {NANO.hybrid_pattern} (23 Mamba-2, 6 attention, 23 MoE layers; the "
+                            f"catalog's nemotron-3-nano") for a in cases[0].assumed)
     pred = predict_case(cases[0])
     assert pred["fits"] and 25.0 < pred["predicted_step_time_s"] < 40.0
 

@@ -687,7 +687,6 @@ def _nemotron_h_fields(cfg: _Config, pattern: str, fields: dict[str, Any]) -> di
                 raise InputError(f"{cfg.path}: field 'moe_shared_expert_intermediate_size': {width} is not a "
                                  f"multiple of moe_intermediate_size {fields['moe_ffn_hidden']}")
             out["shared_experts"] = width // fields["moe_ffn_hidden"]
-    out["unexpressed"] = tuple(x for x in fields.get("unexpressed", ()) if "rotary" not in x)
     return out
 
 
@@ -990,7 +989,8 @@ def _position_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out:
                      lost: list[str]) -> None:
     """Rotary embeddings; and the attention and residual variants no field states."""
     get = cfg.data.get
-    if not fields.get("learned_position_embeddings"):
+    # NemotronH has no position embeddings (its Mamba layers order the tokens): no rotary fields to read.
+    if not fields.get("learned_position_embeddings") and model_type != "nemotron_h":
         theta = get("rope_theta", get("rotary_emb_base"))
         theta = (_number(cfg, "rope_theta", theta) if theta is not None
                  else _default(model_type, "rope_theta", _THETA_DEFAULT, "rotary base", lost))

@@ -714,10 +714,7 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     p.dense = (n_dense * p.lp_dense["dense"] + n_moe * p.lp_moe["dense"] + edge_params
                + last * mtp_dense) / col(c.tp)
     p.edge = edge_params / col(c.tp)    # vocabulary-parallel embedding and output layer (Adam's under Muon)
-    if model.hybrid_pattern:
-        p.expert = (n_moe * p.lp_moe["expert"] + last * mtp * lp_mtp["expert"]) / col(c.ep * c.etp)
-    else:
-        p.expert = (n_moe + last * mtp) * p.lp_moe["expert"] / col(c.ep * c.etp)
+    p.expert = (n_moe * p.lp_moe["expert"] + last * mtp * lp_mtp["expert"]) / col(c.ep * c.etp)
     p.zero = a.zero_stage
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)

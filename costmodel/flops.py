@@ -93,9 +93,12 @@ def ssd_forward_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * nh * P * (Q / 2 + 2 * N) + 2.0 * G * (Q / 2) * N
 
 
-def _hybrid_weights(model: ModelSpec) -> dict[str, float]:
-    """Share of a hybrid model's layers of each kind (ModelSpec.hybrid_counts)."""
-    return {k: n / model.layers for k, n in model.hybrid_counts.items()}
+def _pattern_mean(model: ModelSpec, per_kind, keys: tuple[str, ...]) -> dict:
+    """The mean over a hybrid model's layers of ``per_kind(kind)``'s ``keys``, each kind weighted by its share of
+    the layers (ModelSpec.hybrid_counts)."""
+    w = {k: n / model.layers for k, n in model.hybrid_counts.items()}
+    parts = [per_kind(k) for k in w]
+    return {key: sum(wk * pk[key] for wk, pk in zip(w.values(), parts)) for key in keys}
 
 
 def sublayer_params(model: ModelSpec, kind: str) -> dict[str, float]:
@@ -118,9 +121,7 @@ def layer_params(model: ModelSpec, moe: bool) -> dict[str, float]:
     """Parameters of one layer, split into the part tensor parallelism shards and the expert part. A hybrid
     model's layer is the mean of its pattern's (every layer counts as one of its kind; ``moe`` aside)."""
     if model.hybrid_pattern:
-        w = _hybrid_weights(model)
-        parts = [sublayer_params(model, k) for k in w]
-        return {key: sum(wk * pk[key] for wk, pk in zip(w.values(), parts)) for key in ("dense", "expert")}
+        return _pattern_mean(model, lambda k: sublayer_params(model, k), ("dense", "expert"))
     attn = attention_proj_dims(model)["params"]
     norms = 2 * model.hidden
     if not moe:
@@ -182,9 +183,8 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, moe: bool, causal: bo
     """
     tokens = np.asarray(tokens, dtype=float)
     if model.hybrid_pattern:
-        w = _hybrid_weights(model)
-        parts = [sublayer_forward_flops(model, tokens, seq_len, k, causal) for k in w]
-        return {key: sum(wk * pk[key] for wk, pk in zip(w.values(), parts)) for key in ("gemm", "expert", "attn")}
+        return _pattern_mean(model, lambda k: sublayer_forward_flops(model, tokens, seq_len, k, causal),
+                             ("gemm", "expert", "attn"))
     dims = attention_proj_dims(model)
     attn_proj = 2.0 * tokens * dims["params"]
     core = 2.0 * tokens * np.asarray(seq_len, dtype=float) * model.heads * (

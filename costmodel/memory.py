@@ -202,8 +202,7 @@ def _hybrid_activation_bytes(model: ModelSpec, tokens, tp, sp, recompute, flash:
         md = mamba_dims(model)
         split = 2 * md["d_in_proj"] + 2 * md["conv_dim"] + 2 * md["d_inner"] + gin * md["d_inner"]
         total = total + counts["M"] * tokens * np.where(sp, (2 * h + gin * h + split) / t, 2 * h + gin * h + split / t)
-    total = np.where(rc == 2, full_input, total / model.layers)
-    return total
+    return np.where(rc == 2, full_input, total / model.layers)
 
 
 def logits_bytes(model: ModelSpec, tokens, tp, bytes_per_element: float = LOGITS_BYTES_UNFUSED) -> np.ndarray:

@@ -21,8 +21,9 @@ Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "pa
 Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
 Normalization = Literal["RMSNorm", "LayerNorm", "LayerNorm1p"]
 GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")
-# Layer kinds of a hybrid model's pattern (ModelSpec.hybrid_pattern), megatron-core's Symbols.
-HYBRID_SYMBOLS = "M*-E"
+# Layer kinds of a hybrid model's pattern (ModelSpec.hybrid_pattern): megatron-core's Symbols and what each is.
+HYBRID_KINDS = {"M": "Mamba-2", "*": "attention", "-": "MLP", "E": "MoE"}
+HYBRID_SYMBOLS = "".join(HYBRID_KINDS)
 
 PRECISION_ALIASES: dict[str, str] = {
     "fp32": "fp32",     # plain fp32 training (the executor on CPUs without bf16 arithmetic)
@@ -331,7 +332,7 @@ class ModelSpec(FrozenSpec):
         bad = sorted(set(pattern) - set(HYBRID_SYMBOLS))
         if bad or not pattern:
             raise ValueError(f"hybrid_pattern {pattern!r}: one character a layer, each of {HYBRID_SYMBOLS!r} "
-                             f"(M Mamba-2, * attention, - MLP, E MoE)")
+                             f"({', '.join(f'{k} {v}' for k, v in HYBRID_KINDS.items())})")
         if len(pattern) != self.layers:
             raise ValueError(f"hybrid_pattern has {len(pattern)} layers, layers={self.layers}; give the same count")
         if ("E" in pattern) != bool(self.num_experts):

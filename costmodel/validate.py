@@ -25,7 +25,7 @@ from costmodel.fit import factor_rows
 from costmodel.flops import total_params
 from costmodel.profiles import HardwareProfile, InputError, cluster_of, load_profile, read_text, server_gpus
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, even_split, node_replicas
-from costmodel.specs import INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
+from costmodel.specs import HYBRID_KINDS, INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
 
 REQUIRED_COLUMNS = ("source_id", "model_name", "layers", "hidden", "heads", "seq_len", "gpu_type", "num_gpus",
                     "tp", "pp", "global_batch")
@@ -550,8 +550,7 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
     if fam is not None:
         spec.update(fam.model_dump())
         if fam.hybrid_pattern:
-            kinds = ", ".join(f"{n} {w}" for w, n in zip(("Mamba-2", "attention", "MLP", "MoE"),
-                                                        fam.hybrid_counts.values()) if n)
+            kinds = ", ".join(f"{n} {HYBRID_KINDS[k]}" for k, n in fam.hybrid_counts.items() if n)
             assumed.append(f"hybrid_pattern {fam.hybrid_pattern} ({kinds} layers; the catalog's {fam.name}, which "
                            f"no column states)")
     lname = name.lower()

@@ -369,6 +369,150 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              shared_experts=2, moe_latent=1024, mtp_layers=2, moe_router_score="sigmoid",
              moe_router_expert_bias=True, moe_router_topk_scaling=5.0, **_NEMOTRON_H),
     ),
+    # Models of published training runs a CSV row may name without its architecture columns (2026-12-07). Each
+    # is what its cited config states; what no ModelSpec field holds is in ``unexpressed``.
+    # LLaMA (v1) 33B and 65B. Touvron et al. 2023, "LLaMA", arXiv:2302.13971, Table 2 (32.5B: 6656 wide, 52 heads,
+    # 60 layers; 65.2B: 8192, 64, 80) / meta-llama/llama llama/model.py (SwiGLU of int(2/3 x 4d) rounded up to a
+    # multiple of 256: 17920 and 22016; MHA; RMSNorm; rope base 10000; no biases; untied output) and the released
+    # params.json (norm_eps 1e-06 for 33B, 1e-05 for 65B); vocab 32000; 2,048-token context ("Llama 2", Table 1).
+    "llama-33b": (
+        ("llama1-33b", "llama-1-33b", "llama-30b", "llama1-30b"),
+        dict(layers=60, hidden=6656, ffn_hidden=17920, heads=52, vocab=32000, seq_len=2048, **_LLAMA,
+             norm_epsilon=1e-6, rotary_base=10000.0),
+    ),
+    "llama-65b": (
+        ("llama1-65b", "llama-1-65b"),
+        dict(layers=80, hidden=8192, ffn_hidden=22016, heads=64, vocab=32000, seq_len=2048, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=10000.0),
+    ),
+    # Mistral 7B (v0.1). Jiang et al. 2023, arXiv:2310.06825, Table 1 (32 layers, dim 4096, hidden_dim 14336, 32
+    # heads, 8 KV heads, window 4096, context_len 8192, vocab 32000) / HF mistralai/Mistral-7B-v0.1 config.json
+    # (rms_norm_eps 1e-05, rope_theta 10000, silu, untied) and NeMo MistralConfig7B (no biases).
+    "mistral-7b": (
+        ("mistral-7b-v0.1", "mistral7b", "mistralai/Mistral-7B-v0.1"),
+        dict(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=32000, seq_len=8192, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=10000.0,
+             unexpressed=("sliding-window attention of 4096 tokens on every layer",)),
+    ),
+    # Qwen2.5-32B and -72B (base). HF Qwen/Qwen2.5-32B and Qwen/Qwen2.5-72B config.json (64 / 80 layers, 5120 /
+    # 8192 wide, intermediate 27648 / 29568, 40 / 64 heads, 8 KV heads, vocab 152064, rms_norm_eps 1e-05,
+    # rope_theta 1e6, no sliding window, untied) and Megatron-Bridge Qwen2ModelProvider (SwiGLU, QKV bias only).
+    # The model cards: 32.5B and 72.7B parameters. seq 4096 as the Qwen3 entries (a planning default).
+    "qwen2.5-32b": (
+        ("qwen2.5-32b-base", "Qwen/Qwen2.5-32B"),
+        dict(layers=64, hidden=5120, ffn_hidden=27648, heads=40, kv_heads=8, vocab=152064, seq_len=4096, **_LLAMA,
+             qkv_bias=True, norm_epsilon=1e-5, rotary_base=1000000.0),
+    ),
+    "qwen2.5-72b": (
+        ("qwen2.5-72b-base", "Qwen/Qwen2.5-72B"),
+        dict(layers=80, hidden=8192, ffn_hidden=29568, heads=64, kv_heads=8, vocab=152064, seq_len=4096, **_LLAMA,
+             qkv_bias=True, norm_epsilon=1e-5, rotary_base=1000000.0),
+    ),
+    # Qwen2-57B-A14B. HF Qwen/Qwen2-57B-A14B config.json (28 layers, 3584, 28 Q / 4 KV heads, 64 experts top-8 of
+    # moe_intermediate 2560, a shared expert of 20480 = 8 x 2560, decoder_sparse_step 1: every layer MoE, vocab
+    # 151936, rms_norm_eps 1e-06, rope_theta 1e6, norm_topk_prob false, untied; modeling_qwen2_moe.py: QKV bias,
+    # a sigmoid gate on the shared expert). The name: 57B total, 14B active.
+    "qwen2-57b-a14b": (
+        ("qwen2-57b", "Qwen/Qwen2-57B-A14B"),
+        dict(layers=28, hidden=3584, ffn_hidden=18944, heads=28, kv_heads=4, vocab=151936, seq_len=4096,
+             num_experts=64, moe_topk=8, moe_ffn_hidden=2560, shared_experts=8, **_LLAMA, qkv_bias=True,
+             norm_epsilon=1e-6, rotary_base=1000000.0, moe_router_norm_topk=False,
+             unexpressed=("sigmoid gate on the shared expert (shared_expert_gate)",)),
+    ),
+    # gpt-oss-20b: gpt-oss-120b's architecture (below) at 24 layers and 32 experts. HF openai/gpt-oss-20b
+    # config.json (24 layers, 2880, 64 Q / 8 KV heads x 64, 32 experts top-4, intermediate 2880, vocab 201088, the
+    # 120b's rope, norm, biases and swiglu_limit; layer_types: sliding on 12 of 24). openai/gpt-oss README: 21B
+    # parameters, 3.6B active.
+    "gpt-oss-20b": (
+        ("gptoss-20b", "openai/gpt-oss-20b"),
+        dict(layers=24, hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
+             vocab=201088, seq_len=4096, num_experts=32, moe_topk=4, moe_ffn_hidden=2880,
+             activation="quick_geglu", activation_clamp=7.0, glu_linear_offset=1.0, normalization="RMSNorm",
+             norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.0, hidden_dropout=0.0, rotary_base=150000.0,
+             rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                               beta_slow=1.0),
+             unexpressed=tuple(f.replace("18 of 36", "12 of 24") for f in GPT_OSS_UNEXPRESSED)),
+    ),
+    # DBRX (132B total / 36B active; databricks/dbrx MODEL_CARD_dbrx_base.md: 16 experts, 4 chosen, RoPE, GLU,
+    # GQA, 32K context). Its config.json (d_model 6144, n_layers 40, n_heads 48, kv_n_heads 8, ffn_hidden_size
+    # 10752, silu GLU experts, rope_theta 500000, clip_qkv 8, vocab 100352, untied) and transformers
+    # modeling_dbrx.py (LayerNorm without bias, eps 1e-05; no linear biases; softmax router, top-4 weights
+    # renormalised). seq 4096 is a planning default, not the 32K context.
+    "dbrx": (
+        ("dbrx-base", "dbrx-132b", "databricks/dbrx-base"),
+        dict(layers=40, hidden=6144, ffn_hidden=10752, heads=48, kv_heads=8, vocab=100352, seq_len=4096,
+             num_experts=16, moe_topk=4, moe_ffn_hidden=10752, **{**_LLAMA, "normalization": "LayerNorm"},
+             norm_epsilon=1e-5, rotary_base=500000.0, moe_router_score="softmax", moe_router_norm_topk=True,
+             unexpressed=("query, key and value clipped to +-8 (clip_qkv)",)),
+    ),
+    # Nemotron-4 15B. Parmar et al. 2024, arXiv:2402.16819 (32 layers, 6144, 48 heads, 8 KV heads, 4,096 tokens,
+    # 256k vocabulary; 3.2B embedding + 12.5B non-embedding parameters) / NeMo Nemotron4Config15B (ffn 24576) on
+    # NemotronConfig (as nemotron4-340b's).
+    "nemotron-4-15b": (
+        ("nemotron4-15b", "nemotron-15b"),
+        dict(layers=32, hidden=6144, ffn_hidden=24576, heads=48, kv_heads=8, vocab=256000,
+             seq_len=4096, gated_mlp=False, activation="squared_relu", normalization="LayerNorm1p",
+             norm_epsilon=1e-5, linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
+             rotary_base=10000.0, rotary_percent=0.5),
+    ),
+    # Falcon-7B and Falcon-180B (TII 2023). HF tiiuae/falcon-7b / falcon-180B config.json as the Cerebras model
+    # zoo's params_falcon_7b / 180b.yaml restate them (32 / 80 layers, 4544 / 14848 wide, 71 / 232 heads of 64,
+    # 1 / 8 KV heads, 4h GELU MLP, vocab 65024, 2,048 positions, LayerNorm 1e-05, no biases, rope 10000 on the
+    # whole head, tied embeddings, parallel attention and MLP).
+    "falcon-7b": (
+        ("tiiuae/falcon-7b",),
+        dict(layers=32, hidden=4544, ffn_hidden=18176, heads=71, kv_heads=1, head_dim=64, vocab=65024, seq_len=2048,
+             gated_mlp=False, activation="gelu", normalization="LayerNorm", norm_epsilon=1e-5, linear_bias=False,
+             tied_embeddings=True, rotary_base=10000.0,
+             unexpressed=("parallel attention and MLP on one LayerNorm's output (parallel_attn)",)),
+    ),
+    "falcon-180b": (
+        ("tiiuae/falcon-180B",),
+        dict(layers=80, hidden=14848, ffn_hidden=59392, heads=232, kv_heads=8, head_dim=64, vocab=65024,
+             seq_len=2048, gated_mlp=False, activation="gelu", normalization="LayerNorm", norm_epsilon=1e-5,
+             linear_bias=False, tied_embeddings=True, rotary_base=10000.0,
+             unexpressed=("parallel attention and MLP, each with its LayerNorm (new_decoder_architecture)",)),
+    ),
+    # BLOOM (176B). bigscience-workshop/bigscience train/tr11-176B-ml (NLAYERS=70, NHIDDEN=14336, NHEADS=112,
+    # SEQ_LEN=2048, --pad-vocab-size-to 250880, --position-embedding-type alibi, --embed-layernorm; README: GELU,
+    # tied embeddings, 12h^2 + 13h per layer: 4h MLP with biases) / HF bigscience/bloom (layer_norm_epsilon 1e-05);
+    # model card: 176,247,271,424 parameters.
+    "bloom-176b": (
+        ("bloom", "bloom176b", "bigscience/bloom"),
+        dict(layers=70, hidden=14336, ffn_hidden=57344, heads=112, vocab=250880, seq_len=2048, gated_mlp=False,
+             activation="gelu", normalization="LayerNorm", norm_epsilon=1e-5, linear_bias=True, tied_embeddings=True,
+             unexpressed=("ALiBi attention biases in place of rotary embeddings",
+                          "a LayerNorm after the embedding (--embed-layernorm)")),
+    ),
+    # OPT-175B. Zhang et al. 2022, arXiv:2205.01068 / facebookresearch/metaseq launcher/opt_job_constants.py (96
+    # layers, 12288, 96 heads, 4h FFN, 2,048 tokens) and opt_baselines.py (ReLU, learned positions, biases,
+    # shared input and output embeddings, pre-LayerNorm); HF OPTConfig vocab_size 50272.
+    "opt-175b": (
+        ("opt175b", "facebook/opt-175b"),
+        dict(layers=96, hidden=12288, ffn_hidden=49152, heads=96, vocab=50272, seq_len=2048, gated_mlp=False,
+             activation="relu", normalization="LayerNorm", norm_epsilon=1e-5, linear_bias=True,
+             tied_embeddings=True, learned_position_embeddings=True),
+    ),
+    # GPT-NeoX-20B. Black et al. 2022, arXiv:2204.06745 / EleutherAI/gpt-neox configs/20B.yml (44 layers, 6144,
+    # 64 heads, seq 2048, rotary_pct 0.25, untied, gpt_j_residual: parallel attention and MLP) and the model card
+    # (vocab 50257 padded to 50432; 20,554,567,680 parameters); HF GPTNeoXConfig (intermediate 24576, LayerNorm
+    # 1e-05, biases, rotary base 10000).
+    "gpt-neox-20b": (
+        ("gptneox-20b", "neox-20b", "EleutherAI/gpt-neox-20b"),
+        dict(layers=44, hidden=6144, ffn_hidden=24576, heads=64, vocab=50432, seq_len=2048, gated_mlp=False,
+             activation="gelu", normalization="LayerNorm", norm_epsilon=1e-5, linear_bias=True,
+             rotary_base=10000.0, rotary_percent=0.25,
+             unexpressed=("parallel attention and MLP residual (use_parallel_residual)",)),
+    ),
+    # Megatron-Turing NLG 530B. Smith et al. 2022, arXiv:2201.11990 (105 layers, hidden 20480, 128 heads, 2,048
+    # tokens, the GPT-2 tokenizer), built as Megatron's GPT: 4h GELU MLP, LayerNorm, biases, learned positions,
+    # tied embeddings, vocab padded to 51200 (as this repo's KORTHIKANTI2022 rows of the same model give it).
+    "mt-nlg-530b": (
+        ("mtnlg-530b", "megatron-turing-nlg-530b", "mt-nlg"),
+        dict(layers=105, hidden=20480, ffn_hidden=81920, heads=128, vocab=51200, seq_len=2048, gated_mlp=False,
+             learned_position_embeddings=True, tied_embeddings=True, activation="gelu", normalization="LayerNorm",
+             norm_epsilon=1e-5, linear_bias=True),
+    ),
     # Llama 2 70B. "Llama 2" paper (GQA for 70B) / HF meta-llama/Llama-2-70b-hf config.json
     # (80 layers, 8192, 28672, 64 heads, 8 KV heads, vocab 32000, 4k context; rms_norm_eps 1e-05,
     # rope_theta 10000).

@@ -100,8 +100,16 @@ _FAMILY = (("nemotron-3-nano", "nemotron-3-nano"), ("nemotron-3-super", "nemotro
            ("nemotron-nano-9b-v2", "nemotron-nano-9b-v2"), ("nemotron-nano-12b-v2", "nemotron-nano-12b-v2"),
            ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2"), ("qwen3-30b", "qwen3-30b-a3b"),
            ("qwen3-235b", "qwen3-235b-a22b"), ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"),
-           ("nemotron4-340b", "nemotron4-340b"), ("nemotron-340b", "nemotron4-340b"))
-_GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok")
+           ("nemotron4-340b", "nemotron4-340b"), ("nemotron-340b", "nemotron4-340b"),
+           # named with their size: a family's other sizes have other widths the row may leave blank
+           ("llama-33b", "llama-33b"), ("llama-65b", "llama-65b"), ("mistral-7b", "mistral-7b"),
+           ("qwen2.5-32b", "qwen2.5-32b"), ("qwen2.5-72b", "qwen2.5-72b"), ("qwen2-57b", "qwen2-57b-a14b"),
+           ("gpt-oss-20b", "gpt-oss-20b"), ("dbrx", "dbrx"), ("falcon-7b", "falcon-7b"),
+           ("falcon-180b", "falcon-180b"), ("bloom-176b", "bloom-176b"), ("opt-175b", "opt-175b"),
+           ("gpt-neox-20b", "gpt-neox-20b"))
+# Names of families whose MLP is gated (SwiGLU / GeGLU), for a row outside the catalog's families.
+_GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok", "dbrx", "gemma", "olmo", "phi-3",
+          "yi-", "internlm", "baichuan", "glm-4", "chatglm", "minicpm")
 # What a model name says of a row outside the catalog's families, for the fields the row leaves blank.
 # Llama 2: the Llama 1 tokenizer's 32,000 tokens (Touvron et al. 2023, "Llama 2", Sec. 2.1). Nemotron-3/-4
 # (NeMo nemo/collections/llm/gpt/model/nemotron.py NemotronConfig, as ARCH_nemo_configs cites): squared-ReLU
@@ -1332,6 +1340,7 @@ def load_cases(path: str | Path, unpublished: bool = False) -> tuple[list[Case],
             cases.append(_case_of(i, fill_degrees(row, assumed), assumed, unpublished, open_degrees))
         except Exception as exc:   # noqa: BLE001 - one row's fault must not lose the file's other rows
             errors.append({"row": i, "source_id": row.get("source_id"), "gpu_type": row.get("gpu_type"),
+                           "model_name": row.get("model_name"), "num_gpus": _int(row.get("num_gpus", "")),
                            "published_step_time_s": _num(row.get("step_time_s", "")),
                            "error": f"{p}: row {i}: {_row_error(exc)}"})
     return cases, errors

@@ -129,6 +129,25 @@ PUBLISHED_TOTAL = {
     "nemotron-nano-12b-v2": 12.31e9,
     "nemotron-3-nano": 31.6e9,
     "nemotron-3-super": 120e9,
+    # Models of published runs (catalog.py cites each): LLaMA Table 2; Mistral AI's "Mistral 7B" announcement
+    # (7.3B); the Qwen2.5 model cards (32.5B, 72.7B); Qwen2-57B-A14B and DBRX by name and card (57B, 132B); the
+    # gpt-oss README (21B); Nemotron-4 15B's 3.2B embedding + 12.5B non-embedding; Falcon's nominal sizes; the BLOOM
+    # and GPT-NeoX-20B model cards to the parameter; OPT-175B and MT-NLG 530B as named.
+    "llama-33b": 32.5e9,
+    "llama-65b": 65.2e9,
+    "mistral-7b": 7.3e9,
+    "qwen2.5-32b": 32.5e9,
+    "qwen2.5-72b": 72.7e9,
+    "qwen2-57b-a14b": 57e9,
+    "gpt-oss-20b": 21e9,
+    "dbrx": 132e9,
+    "nemotron-4-15b": 15.7e9,
+    "falcon-7b": 7e9,
+    "falcon-180b": 180e9,
+    "bloom-176b": 176.247e9,
+    "opt-175b": 175e9,
+    "gpt-neox-20b": 20.5546e9,
+    "mt-nlg-530b": 530e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -141,6 +160,9 @@ PUBLISHED_ACTIVE = {
     "mixtral-8x22b": 39e9,
     "deepseek-v2": 21e9,
     "nemotron-3-nano": 3.2e9,   # the report's 3.2B: the input embedding counted, not the output layer
+    "qwen2-57b-a14b": 14e9,
+    "gpt-oss-20b": 3.6e9,       # as the 120b's: the embedding lookup left out
+    "dbrx": 36e9,
 }
 
 
@@ -165,7 +187,7 @@ def test_parameter_count_matches_published_size(name):
 def test_active_parameter_count_matches_published_size(name):
     model = get_model(name)
     got = param_count(
-        model, active=True, count_input_embedding=name != "gpt-oss-120b"
+        model, active=True, count_input_embedding=not name.startswith("gpt-oss")
     ) - (model.vocab * model.hidden if name == "nemotron-3-nano" else 0)
     want = PUBLISHED_ACTIVE[name]
     assert abs(got - want) / want < 0.03, f"{name}: {got / 1e9:.2f}B vs published {want / 1e9}B"
@@ -191,6 +213,19 @@ def test_spot_check_architectures():
     q = get_model("qwen3-30b-a3b")
     assert q.dense_layers == 0 and q.moe_layers == 48 and q.expert_ffn == 768
     assert not get_model("nemotron4-340b").gated_mlp
+    f = get_model("falcon-7b")   # multi-query attention, a GELU MLP, tied embeddings, rope
+    assert (f.kv_heads, f.head_dim, f.gated_mlp, f.tied_embeddings, f.learned_position_embeddings) == (
+        1, 64, False, True, False)
+    b = get_model("bloom-176b")
+    assert b.vocab == 250880 and b.linear_bias and b.tied_embeddings and any("ALiBi" in u for u in b.unexpressed)
+    o = get_model("opt-175b")
+    assert o.activation == "relu" and o.learned_position_embeddings and o.vocab == 50272
+    n = get_model("gpt-neox-20b")
+    assert n.rotary_percent == 0.25 and not n.tied_embeddings and n.vocab == 50432
+    q = get_model("qwen2-57b-a14b")
+    assert q.moe_layers == 28 and q.shared_experts * q.expert_ffn == 20480 and not q.moe_router_norm_topk
+    assert get_model("qwen2.5-72b").qkv_bias and not get_model("qwen2.5-72b").linear_bias
+    assert any("12 of 24" in u for u in get_model("gpt-oss-20b").unexpressed)
 
 
 @pytest.mark.parametrize(
@@ -217,6 +252,21 @@ def test_spot_check_architectures():
         ("Llama-3.3-70B", "llama3.1-70b"),
         ("Grok-1 314B", "grok-1"),
         ("DeepSeek-V2-Lite-Chat", "deepseek-v2-lite"),
+        ("LLaMA-65B", "llama-65b"),
+        ("LLaMA 30B", "llama-33b"),
+        ("mistralai/Mistral-7B-v0.1", "mistral-7b"),
+        ("Qwen2.5-72B-Instruct", "qwen2.5-72b"),
+        ("Qwen/Qwen2-57B-A14B", "qwen2-57b-a14b"),
+        ("openai/gpt-oss-20b", "gpt-oss-20b"),
+        ("databricks/dbrx-base", "dbrx"),
+        ("Nemotron-4 15B", "nemotron-4-15b"),
+        ("tiiuae/falcon-180B", "falcon-180b"),
+        ("Falcon 7B", "falcon-7b"),
+        ("bigscience/bloom", "bloom-176b"),
+        ("BLOOM-176B", "bloom-176b"),
+        ("OPT-175B", "opt-175b"),
+        ("EleutherAI/gpt-neox-20b", "gpt-neox-20b"),
+        ("MT-NLG 530B", "mt-nlg-530b"),
     ],
 )
 def test_names_are_case_insensitive_with_aliases(alias, name):

@@ -191,6 +191,9 @@ def test_validate_malformed_row_is_a_miss_not_a_crash(malformed_row_result):
     assert isinstance(rows[1]["error"], str) and rows[1]["error"]
     assert rows[1]["predicted_step_time_s"] is None
     assert rows[1]["source_id"] == "KORTHIKANTI2022"
+    # the row a script must find again keeps its model and size
+    assert rows[1]["model_name"] == rows[0]["model_name"] == _good_row()["model_name"]
+    assert rows[1]["num_gpus"] == rows[0]["num_gpus"] == int(_good_row()["num_gpus"])
     overall = data["summary"]["overall"]
     assert overall["count"] == 2
     assert overall["predicted"] == 1

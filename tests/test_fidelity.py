@@ -40,8 +40,22 @@ KNOWN_LOST = {
     # Megatron-LM has no gated GELU flag for a GPT model: the planner writes the gated MLP and names the GELU.
     "grok-1": [*GROK_1_UNEXPRESSED,
                "activation geglu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"],
+    # Models of published runs: what their configs state and no field holds (catalog.py, each entry's
+    # unexpressed), and OPT's ReLU, which no Megatron-LM flag selects.
+    "gpt-oss-20b": [*catalog()["gpt-oss-20b"].unexpressed,
+                    "YaRN rope scaling (factor 32): Megatron-LM applies YaRN only with --multi-latent-attention"],
+    "mistral-7b": ["sliding-window attention of 4096 tokens on every layer"],
+    "qwen2-57b-a14b": ["sigmoid gate on the shared expert (shared_expert_gate)"],
+    "dbrx": ["query, key and value clipped to +-8 (clip_qkv)"],
+    "falcon-7b": ["parallel attention and MLP on one LayerNorm's output (parallel_attn)"],
+    "falcon-180b": ["parallel attention and MLP, each with its LayerNorm (new_decoder_architecture)"],
+    "bloom-176b": ["ALiBi attention biases in place of rotary embeddings",
+                   "a LayerNorm after the embedding (--embed-layernorm)"],
+    "opt-175b": ["activation relu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"],
+    "gpt-neox-20b": ["parallel attention and MLP residual (use_parallel_residual)"],
 }
-KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"}}
+KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"},
+                  "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}}
 
 
 # Megatron-LM's parser, restricted to the flags that shape the model ------------------------------------------

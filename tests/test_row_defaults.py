@@ -64,16 +64,43 @@ def test_blank_architecture_columns_come_from_the_catalog_model_the_name_is(tmp_
 
 
 def test_blank_architecture_of_a_model_outside_the_catalog_is_an_error_naming_the_columns(tmp_path):
-    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "model_name": "Falcon-180B",
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "model_name": "Gemma-2-27B",
                                                                     "layers": "", "hidden": ""}]))
     assert not cases
     msg = errors[0]["error"]
-    assert "column(s) layers, hidden empty and model_name 'Falcon-180B' is no catalog model" in msg
+    assert "column(s) layers, hidden empty and model_name 'Gemma-2-27B' is no catalog model" in msg
     assert "did you mean" not in msg
     _, near = load_cases(write_rows(tmp_path / "near.csv", [{**ROW, "model_name": "Mixtral 8x7", "layers": "",
                                                              "hidden": ""}]))
     assert "'Mixtral 8x7' is no catalog model to take them from (did you mean mixtral-8x7b" in near[0]["error"]
     assert "70b" in msg and "deepseek-v3" in msg
+
+
+@pytest.mark.parametrize("name, want", [
+    ("Falcon-180B", (80, 14848, 232, 8, 65024, 59392)), ("BLOOM 176B", (70, 14336, 112, 112, 250880, 57344)),
+    ("OPT-175B", (96, 12288, 96, 96, 50272, 49152)), ("GPT-NeoX-20B", (44, 6144, 64, 64, 50432, 24576)),
+    ("LLaMA-65B", (80, 8192, 64, 64, 32000, 22016)), ("DBRX", (40, 6144, 48, 8, 100352, 10752))])
+def test_models_of_published_runs_outside_megatron_tables_fill_their_blank_columns(tmp_path, name, want):
+    """The architectures of widely published runs (BLOOM, OPT, Falcon, GPT-NeoX, LLaMA, DBRX) are catalog models:
+    a row naming one without its columns is predicted, not an error."""
+    case = _case(tmp_path, model_name=name, layers="", hidden="", heads="", kv_heads="", vocab="", ffn_hidden="",
+                 num_gpus="512", pp="4", dp="16", tp="8", seq_len="2048")
+    m = case.model
+    assert (m.layers, m.hidden, m.heads, m.kv_heads or m.heads, m.vocab, m.expert_ffn if m.is_moe else m.ffn_hidden
+            ) == want
+    assert predict_case(case)["predicted_step_time_s"] > 0
+
+
+def test_a_row_giving_the_columns_of_a_catalog_model_takes_its_structure(tmp_path):
+    """A row naming BLOOM-176B with its shape keeps the catalog's tied embeddings, biases and rope-free positions
+    where the schema's defaults for a GELU model outside the catalog would add a learned position table."""
+    case = _case(tmp_path, model_name="BLOOM-176B", layers="70", hidden="14336", heads="112", kv_heads="",
+                 vocab="250880", ffn_hidden="57344", num_gpus="384", tp="4", pp="12", dp="8", seq_len="2048")
+    m = case.model
+    assert not m.gated_mlp and m.tied_embeddings and not m.learned_position_embeddings and m.linear_bias
+    outside = _case(tmp_path, model_name="BigLM-176B", layers="70", hidden="14336", heads="112", kv_heads="",
+                    vocab="250880", ffn_hidden="57344", num_gpus="384", tp="4", pp="12", dp="8", seq_len="2048")
+    assert outside.model.learned_position_embeddings
 
 
 @pytest.mark.parametrize("blank", ["layers", "heads"])
@@ -197,10 +224,11 @@ def test_a_moe_row_whose_ffn_hidden_is_the_dense_width_takes_the_expert_width_it
 
 
 def test_a_published_size_decides_a_gated_mlp_the_name_does_not_name(tmp_path):
-    # OLMoE-1B-7B (SwiGLU experts, 6.9B parameters): the name names no gated family, and a 2-matrix MLP
-    # would make it 4.7B.
-    olmoe = dict(V2_LITE, model_name="OLMoE-1B-7B", params_b="7", layers="16", ffn_hidden="1024", vocab="50304",
-                 moe_experts="64", moe_topk="8")
+    # OLMoE-1B-7B's shape (SwiGLU experts, 6.9B parameters) under a name that names no gated family: a 2-matrix
+    # MLP would make it 4.7B. (Named OLMoE, its family says gated.)
+    olmoe = dict(V2_LITE, model_name="SparseLM-1B-7B", params_b="7", layers="16", ffn_hidden="1024",
+                 vocab="50304", moe_experts="64", moe_topk="8")
+    assert _case(tmp_path, **{**olmoe, "model_name": "OLMoE-1B-7B", "params_b": ""}).model.gated_mlp
     case = _case(tmp_path, **olmoe)
     assert case.model.gated_mlp and case.model.moe_ffn_hidden == 1024
     assert "gated_mlp=True (params_b 7: 6.9B so, 4.7B with gated_mlp=False)" in case.assumed

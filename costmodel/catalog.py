@@ -40,6 +40,13 @@ GPT_OSS_UNEXPRESSED = (
     "router bias (the router's linear layer has a bias)",
     "attention sinks (a learned per-head logit in every attention softmax)",
 )
+# gpt-oss's fields but its depth and expert count (the gpt-oss-120b entry below cites them; gpt-oss-20b shares them).
+_GPT_OSS = dict(hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64, vocab=201088, seq_len=4096,
+                moe_topk=4, moe_ffn_hidden=2880, activation="quick_geglu", activation_clamp=7.0, glu_linear_offset=1.0,
+                normalization="RMSNorm", norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.0,
+                hidden_dropout=0.0, rotary_base=150000.0,
+                rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                                  beta_slow=1.0))
 # Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
 GROK_1_UNEXPRESSED = (
     "attention logits soft-capped at 30 (30 tanh(x / 30)) and scaled by attn_output_multiplier 0.0884",
@@ -286,13 +293,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # range have no field (unexpressed, in the words from_hf_config uses for the same config).
     "gpt-oss-120b": (
         ("gptoss-120b", "gpt-oss", "openai/gpt-oss-120b"),
-        dict(layers=36, hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
-             vocab=201088, seq_len=4096, num_experts=128, moe_topk=4, moe_ffn_hidden=2880,
-             activation="quick_geglu", activation_clamp=7.0, glu_linear_offset=1.0, normalization="RMSNorm",
-             norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.0, hidden_dropout=0.0, rotary_base=150000.0,
-             rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
-                               beta_slow=1.0),
-             unexpressed=GPT_OSS_UNEXPRESSED),
+        dict(layers=36, num_experts=128, **_GPT_OSS, unexpressed=GPT_OSS_UNEXPRESSED),
     ),
     # Nemotron-4 340B. NVIDIA 2024, "Nemotron-4 340B Technical Report", Table 1 / NeMo
     # Nemotron4Config340B (96 layers, 18432, ffn 73728, 96 heads, 8 query groups, seq 4096,
@@ -425,12 +426,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # parameters, 3.6B active.
     "gpt-oss-20b": (
         ("gptoss-20b", "openai/gpt-oss-20b"),
-        dict(layers=24, hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
-             vocab=201088, seq_len=4096, num_experts=32, moe_topk=4, moe_ffn_hidden=2880,
-             activation="quick_geglu", activation_clamp=7.0, glu_linear_offset=1.0, normalization="RMSNorm",
-             norm_epsilon=1e-5, linear_bias=True, attention_dropout=0.0, hidden_dropout=0.0, rotary_base=150000.0,
-             rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
-                               beta_slow=1.0),
+        dict(layers=24, num_experts=32, **_GPT_OSS,
              unexpressed=tuple(f.replace("18 of 36", "12 of 24") for f in GPT_OSS_UNEXPRESSED)),
     ),
     # DBRX (132B total / 36B active; databricks/dbrx MODEL_CARD_dbrx_base.md: 16 experts, 4 chosen, RoPE, GLU,

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from costmodel.profiles import InputError, parse_json, read_text, validation_line
 from costmodel.specs import ModelSpec
 
-__all__ = ["catalog", "catalog_names", "get_model", "from_hf_config", "CATALOG"]
+__all__ = ["catalog", "catalog_names", "aliases", "matching", "get_model", "from_hf_config", "CATALOG"]
 
 # Catalog ----------------------------------------------------------------------------------
 # name -> (aliases, ModelSpec fields). Plain data: nothing is built at import time.
@@ -47,6 +47,13 @@ _GPT_OSS = dict(hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
                 hidden_dropout=0.0, rotary_base=150000.0,
                 rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
                                   beta_slow=1.0))
+# Gemma 2 facts no ModelSpec field holds (its entries below cite them).
+_GEMMA_2_UNEXPRESSED = (
+    "sliding-window attention of 4096 tokens on every other layer",
+    "attention logits soft-capped at 50 and final logits at 30",
+    "a norm after attention and after the MLP as well as before each (four per layer), scaled by (1 + w)",
+    "embeddings scaled by sqrt(hidden) and queries by 1 / sqrt(query_pre_attn_scalar)",
+)
 # Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
 GROK_1_UNEXPRESSED = (
     "attention logits soft-capped at 30 (30 tanh(x / 30)) and scaled by attn_output_multiplier 0.0884",
@@ -451,6 +458,105 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
              norm_epsilon=1e-5, linear_bias=False, attention_dropout=0.0, hidden_dropout=0.0,
              rotary_base=10000.0, rotary_percent=0.5),
     ),
+    # Yi-34B. 01.AI 2024, "Yi: Open Foundation Models", arXiv:2403.04652, Table 1 (7168 wide, 56 Q / 8 KV heads,
+    # 60 layers, 4,096 tokens; vocabulary 64,000; SwiGLU of 8/3 h) / its config.json as huggingface/candle
+    # yi.rs config_34b restates it (intermediate 20480, rms_norm_eps 1e-05, rope_theta 5e6, no biases, untied).
+    "yi-34b": (
+        ("01-ai/Yi-34B",),
+        dict(layers=60, hidden=7168, ffn_hidden=20480, heads=56, kv_heads=8, vocab=64000, seq_len=4096, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=5000000.0),
+    ),
+    # Code Llama 34B. Roziere et al. 2023, arXiv:2308.12950 (trained on 16k-token sequences; the 34B without
+    # infilling) / HF codellama/CodeLlama-34b-hf config.json (48 layers, 8192, intermediate 22016, 64 Q / 8 KV
+    # heads, vocab 32000, rms_norm_eps 1e-05, rope_theta 1e6, silu).
+    "codellama-34b": (
+        ("code-llama-34b", "codellama/CodeLlama-34b-hf"),
+        dict(layers=48, hidden=8192, ffn_hidden=22016, heads=64, kv_heads=8, vocab=32000, seq_len=16384, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=1000000.0),
+    ),
+    # Gemma 2 9B and 27B. Gemma Team 2024, arXiv:2408.00118, Tables 1-2 (42 / 46 layers, 3584 / 4608 wide, 16 / 32
+    # heads, 8 / 16 KV heads, head width 256 / 128, 8,192 tokens, GeGLU, tied embeddings, local sliding window
+    # and global attention alternating, 9,242,164,736 / 27,227,718,144 parameters) / HF google/gemma-2-9b and
+    # -27b config.json (intermediate 14336 / 36864, vocab 256000, rms_norm_eps 1e-06, rope_theta 10000,
+    # attention_bias false, sliding_window 4096 on even layers, attn_logit_softcapping 50, final 30).
+    "gemma-2-9b": (
+        ("gemma2-9b", "google/gemma-2-9b"),
+        dict(layers=42, hidden=3584, ffn_hidden=14336, heads=16, kv_heads=8, head_dim=256, vocab=256000,
+             seq_len=8192, tied_embeddings=True, **{**_LLAMA, "activation": "geglu"}, norm_epsilon=1e-6,
+             rotary_base=10000.0, unexpressed=_GEMMA_2_UNEXPRESSED),
+    ),
+    "gemma-2-27b": (
+        ("gemma2-27b", "google/gemma-2-27b"),
+        dict(layers=46, hidden=4608, ffn_hidden=36864, heads=32, kv_heads=16, head_dim=128, vocab=256000,
+             seq_len=8192, tied_embeddings=True, **{**_LLAMA, "activation": "geglu"}, norm_epsilon=1e-6,
+             rotary_base=10000.0, unexpressed=_GEMMA_2_UNEXPRESSED),
+    ),
+    # Phi-3-medium (14B; Abdin et al. 2024, "Phi-3 Technical Report", arXiv:2404.14219: 40 heads, 40 layers,
+    # embedding dimension 5120) / HF microsoft/Phi-3-medium-4k-instruct config.json (intermediate 17920, 10 KV
+    # heads, vocab 32064, 4,096 positions, rms_norm_eps 1e-05, rope_theta 10000, silu, no biases, untied;
+    # sliding_window 2047).
+    "phi-3-medium": (
+        ("phi3-medium", "phi-3-medium-14b", "phi-3-medium-4k", "microsoft/Phi-3-medium-4k-instruct"),
+        dict(layers=40, hidden=5120, ffn_hidden=17920, heads=40, kv_heads=10, vocab=32064, seq_len=4096, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=10000.0,
+             unexpressed=("sliding_window 2047 in the released config.json",)),
+    ),
+    # GLM-4.5 (355B total / 32B active) and GLM-4.5-Air (106B / 12B; zai-org/GLM-4.5 README), as Megatron-Bridge
+    # builds them (src/megatron/bridge/models/glm/glm45_provider.py: 92 / 46 layers, 5120 / 4096 wide, the first 3 / 1
+    # dense of ffn 12288 / 10944, 160 / 128 experts of 1536 / 1408 and one shared, top-8, 96 heads of 128 over 8 KV
+    # groups, vocab 151552, RMSNorm 1e-05, QKV bias only, rotary base 1e6 on half of each head, qk-layernorm on the
+    # 355B only, untied, one MTP layer, sigmoid router with expert bias and renormalised top-k, scaling 2.5 / 1.0).
+    "glm-4.5": (
+        ("glm4.5", "glm-4.5-355b", "zai-org/GLM-4.5"),
+        dict(layers=92, hidden=5120, ffn_hidden=12288, heads=96, kv_heads=8, head_dim=128, vocab=151552,
+             seq_len=4096, num_experts=160, moe_topk=8, moe_ffn_hidden=1536, shared_experts=1, dense_layers=3,
+             mtp_layers=1, **_LLAMA, qkv_bias=True, qk_norm=True, norm_epsilon=1e-5, rotary_base=1000000.0,
+             rotary_percent=0.5, moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_norm_topk=True,
+             moe_router_topk_scaling=2.5),
+    ),
+    "glm-4.5-air": (
+        ("glm4.5-air", "glm-4.5-air-106b", "zai-org/GLM-4.5-Air"),
+        dict(layers=46, hidden=4096, ffn_hidden=10944, heads=96, kv_heads=8, head_dim=128, vocab=151552,
+             seq_len=4096, num_experts=128, moe_topk=8, moe_ffn_hidden=1408, shared_experts=1, dense_layers=1,
+             mtp_layers=1, **_LLAMA, qkv_bias=True, norm_epsilon=1e-5, rotary_base=1000000.0, rotary_percent=0.5,
+             moe_router_score="sigmoid", moe_router_expert_bias=True, moe_router_norm_topk=True),
+    ),
+    # Qwen3-Coder-480B-A35B (QwenLM/Qwen3-Coder README: 480B total, 35B active) / its config.json (62 layers, 6144,
+    # 160 experts of 2560, top-8, every layer MoE, no shared expert, 96 Q / 8 KV heads of 128, vocab 151936,
+    # rms_norm_eps 1e-06, rope_theta 1e7, qk-norm per head, no biases, untied, softmax router renormalised).
+    "qwen3-coder-480b-a35b": (
+        ("qwen3-coder-480b", "Qwen/Qwen3-Coder-480B-A35B", "Qwen/Qwen3-Coder-480B-A35B-Instruct"),
+        dict(layers=62, hidden=6144, ffn_hidden=8192, heads=96, kv_heads=8, head_dim=128, vocab=151936,
+             seq_len=4096, num_experts=160, moe_topk=8, moe_ffn_hidden=2560, **_LLAMA, norm_epsilon=1e-6,
+             qk_norm=True, rotary_base=10000000.0, moe_router_norm_topk=True),
+    ),
+    # MiniMax-M2 (MiniMaxAI/MiniMax-M2 README: 230B total, 10B active) / its config.json (62 layers, 3072, every
+    # layer MoE: 256 experts of 1536, top-8, no shared expert; 48 Q / 8 KV heads of 128, vocab 200064, rms_norm_eps
+    # 1e-06, rope_theta 5e6 on 64 of 128 dims, untied, sigmoid router with expert bias, top-k renormalised; full
+    # attention on every layer) and vLLM's minimax_m2.py (no biases; the QK norm over all heads' width).
+    "minimax-m2": (
+        ("minimaxm2", "MiniMaxAI/MiniMax-M2"),
+        dict(layers=62, hidden=3072, ffn_hidden=1536, heads=48, kv_heads=8, head_dim=128, vocab=200064,
+             seq_len=4096, num_experts=256, moe_topk=8, moe_ffn_hidden=1536, **_LLAMA, norm_epsilon=1e-6,
+             qk_norm=True, rotary_base=5000000.0, rotary_percent=0.5, moe_router_score="sigmoid",
+             moe_router_expert_bias=True, moe_router_norm_topk=True,
+             unexpressed=("QK norm over all heads' width (qk_norm_type per_layer), not per head",
+                          "three multi-token-prediction modules in the released checkpoint (num_mtp_modules)")),
+    ),
+    # Llama 4 Scout (109B total with its vision encoder, 17B active; meta-llama/llama-models models/llama4/
+    # MODEL_CARD.md) / args.py, moe.py, model.py and the HF Llama4 text config: 48 layers, 5120, every layer MoE
+    # (interleave_moe_layer_step 1) with 16 experts of 8192, top-1, and one shared expert of 8192; 40 Q / 8 KV heads
+    # of 128, vocab 202048, RMSNorm 1e-05, rope_theta 500000, no biases, untied; the router takes the top-1 logit
+    # and a sigmoid of it, not renormalised. The text model only.
+    "llama4-scout": (
+        ("llama-4-scout", "llama4-scout-17b-16e", "llama-4-scout-17b-16e", "meta-llama/Llama-4-Scout-17B-16E"),
+        dict(layers=48, hidden=5120, ffn_hidden=16384, heads=40, kv_heads=8, head_dim=128, vocab=202048,
+             seq_len=8192, num_experts=16, moe_topk=1, moe_ffn_hidden=8192, shared_experts=1, **_LLAMA,
+             norm_epsilon=1e-5, rotary_base=500000.0, moe_router_score="sigmoid", moe_router_norm_topk=False,
+             unexpressed=("no rotary embedding on every 4th layer (NoPE) and chunked attention of 8192 tokens on "
+                          "the others", "router scores applied to the expert input (moe_apply_probs_on_input)",
+                          "a weightless L2 QK norm on the rotary layers", "the vision encoder")),
+    ),
     # Falcon-7B and Falcon-180B (TII 2023). HF tiiuae/falcon-7b / falcon-180B config.json as the Cerebras model
     # zoo's params_falcon_7b / 180b.yaml restate them (32 / 80 layers, 4544 / 14848 wide, 71 / 232 heads of 64,
     # 1 / 8 KV heads, 4h GELU MLP, vocab 65024, 2,048 positions, LayerNorm 1e-05, no biases, rope 10000 on the
@@ -579,6 +685,17 @@ def named_in(text: str) -> list[str]:
 def catalog_names() -> list[str]:
     """Canonical catalog names, in catalog order."""
     return list(_ENTRIES)
+
+
+def aliases(name: str) -> tuple[str, ...]:
+    """The other names a catalog model answers to (``get_model`` takes each), as the catalog lists them."""
+    return _ENTRIES[name][0]
+
+
+def matching(text: str) -> list[str]:
+    """Catalog names whose name or an alias contains ``text`` (case and punctuation ignored), in catalog order."""
+    want = _norm(text)
+    return [name for name, (al, _) in _ENTRIES.items() if any(want in _norm(k) for k in (name, *al))]
 
 
 def __getattr__(name: str) -> Any:

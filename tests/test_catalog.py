@@ -148,6 +148,19 @@ PUBLISHED_TOTAL = {
     "opt-175b": 175e9,
     "gpt-neox-20b": 20.5546e9,
     "mt-nlg-530b": 530e9,
+    # Yi-34B, Code Llama 34B and Phi-3-medium as named (34B, 34B, 14B); Gemma 2 to the parameter (its paper's
+    # Table 2); GLM-4.5 / -Air, Qwen3-Coder, MiniMax-M2 by their READMEs (355B, 106B, 480B, 230B); Llama 4 Scout's
+    # 109B counts its vision encoder, which the text model leaves out.
+    "yi-34b": 34e9,
+    "codellama-34b": 34e9,
+    "gemma-2-9b": 9.242164736e9,
+    "gemma-2-27b": 27.227718144e9,
+    "phi-3-medium": 14e9,
+    "glm-4.5": 355e9,
+    "glm-4.5-air": 106e9,
+    "qwen3-coder-480b-a35b": 480e9,
+    "minimax-m2": 230e9,
+    "llama4-scout": 109e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -163,6 +176,8 @@ PUBLISHED_ACTIVE = {
     "qwen2-57b-a14b": 14e9,
     "gpt-oss-20b": 3.6e9,       # as the 120b's: the embedding lookup left out
     "dbrx": 36e9,
+    "qwen3-coder-480b-a35b": 35e9,
+    "llama4-scout": 17e9,
 }
 
 
@@ -226,6 +241,11 @@ def test_spot_check_architectures():
     assert q.moe_layers == 28 and q.shared_experts * q.expert_ffn == 20480 and not q.moe_router_norm_topk
     assert get_model("qwen2.5-72b").qkv_bias and not get_model("qwen2.5-72b").linear_bias
     assert any("12 of 24" in u for u in get_model("gpt-oss-20b").unexpressed)
+    g = get_model("glm-4.5")   # 96 heads of 128 on a 5120-wide model, the first 3 layers dense, one MTP layer
+    assert (g.head_width, g.dense_layers, g.moe_layers, g.mtp_layers, g.rotary_percent) == (128, 3, 89, 1, 0.5)
+    assert get_model("gemma-2-27b").head_width == 128 and get_model("gemma-2-27b").activation == "geglu"
+    s = get_model("llama4-scout")
+    assert s.moe_layers == 48 and s.moe_topk == 1 and s.shared_experts == 1 and not s.moe_router_norm_topk
 
 
 @pytest.mark.parametrize(
@@ -267,6 +287,16 @@ def test_spot_check_architectures():
         ("OPT-175B", "opt-175b"),
         ("EleutherAI/gpt-neox-20b", "gpt-neox-20b"),
         ("MT-NLG 530B", "mt-nlg-530b"),
+        ("01-ai/Yi-34B", "yi-34b"),
+        ("CodeLlama-34b-Instruct-hf", "codellama-34b"),
+        ("google/gemma-2-27b-it", "gemma-2-27b"),
+        ("Gemma-2-9B", "gemma-2-9b"),
+        ("Phi-3-medium-4k-instruct", "phi-3-medium"),
+        ("zai-org/GLM-4.5", "glm-4.5"),
+        ("GLM-4.5-Air", "glm-4.5-air"),
+        ("Qwen/Qwen3-Coder-480B-A35B-Instruct", "qwen3-coder-480b-a35b"),
+        ("MiniMaxAI/MiniMax-M2", "minimax-m2"),
+        ("Llama-4-Scout-17B-16E-Instruct", "llama4-scout"),
     ],
 )
 def test_names_are_case_insensitive_with_aliases(alias, name):

@@ -53,9 +53,14 @@ KNOWN_LOST = {
                    "a LayerNorm after the embedding (--embed-layernorm)"],
     "opt-175b": ["activation relu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"],
     "gpt-neox-20b": ["parallel attention and MLP residual (use_parallel_residual)"],
+    **{name: [*catalog()[name].unexpressed,
+              "activation geglu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"]
+       for name in ("gemma-2-9b", "gemma-2-27b")},
+    **{name: list(catalog()[name].unexpressed) for name in ("phi-3-medium", "minimax-m2", "llama4-scout")},
 }
 KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"},
-                  "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}}
+                  "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}, "gemma-2-9b": {"activation"},
+                  "gemma-2-27b": {"activation"}}
 
 
 # Megatron-LM's parser, restricted to the flags that shape the model ------------------------------------------

@@ -64,11 +64,11 @@ def test_blank_architecture_columns_come_from_the_catalog_model_the_name_is(tmp_
 
 
 def test_blank_architecture_of_a_model_outside_the_catalog_is_an_error_naming_the_columns(tmp_path):
-    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "model_name": "Gemma-2-27B",
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", [{**ROW, "model_name": "InternLM2-20B",
                                                                     "layers": "", "hidden": ""}]))
     assert not cases
     msg = errors[0]["error"]
-    assert "column(s) layers, hidden empty and model_name 'Gemma-2-27B' is no catalog model" in msg
+    assert "column(s) layers, hidden empty and model_name 'InternLM2-20B' is no catalog model" in msg
     assert "did you mean" not in msg
     _, near = load_cases(write_rows(tmp_path / "near.csv", [{**ROW, "model_name": "Mixtral 8x7", "layers": "",
                                                              "hidden": ""}]))

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from costmodel.profiles import InputError, gpu_label
 from costmodel.specs import INT64_MAX
 
-SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune")
+SUBCOMMANDS = ("check", "validate", "capacity", "whatif", "profile", "run", "calibrate", "autotune", "models")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1052,6 +1052,61 @@ def cmd_autotune(argv: list[str]) -> int:
     else:
         autotune_table(res, console())
     return 0
+
+
+def cmd_models(argv: list[str]) -> int:
+    ap = _Parser(prog="plan models", description="List the catalog's models (what --model and a CSV row's "
+                 "model_name take): size, shape and what each leaves unexpressed.")
+    ap.add_argument("match", nargs="?", default=None,
+                    help="only models whose name or an alias contains this (case and punctuation ignored)")
+    _json_flag(ap)
+    args = ap.parse_args(argv)
+    from planner.models import model_rows
+
+    rows = model_rows(args.match)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    _print_models(rows)
+    return 0
+
+
+def _print_models(rows: list[dict]) -> None:
+    """plan models: a table of the models; one model's aliases and unexpressed facts in full below it."""
+    from rich.table import Table
+
+    from planner.terminal import console
+
+    t = Table(title=f"{len(rows)} catalog model(s); --model takes the name or any alias")
+    for col, just in (("model", "left"), ("params", "right"), ("active", "right"), ("layers", "right"),
+                      ("hidden", "right"), ("heads (kv)", "right"), ("experts", "left"), ("seq", "right"),
+                      ("notes", "left")):
+        t.add_column(col, justify=just)
+    for r in rows:
+        experts = (f"{r['experts']} top-{r['moe_topk']} x {r['expert_ffn']}"
+                   + (f" +{r['shared_experts']} shared" if r["shared_experts"] else "")) if r["experts"] else ""
+        notes = []
+        if r["hybrid_layers"]:
+            notes.append(", ".join(f"{n} {k}" for k, n in r["hybrid_layers"].items()))
+        if r["dense_layers"]:
+            notes.append(f"first {r['dense_layers']} dense")
+        if r["mtp_layers"]:
+            notes.append(f"{r['mtp_layers']} MTP")
+        if r["unexpressed"]:
+            notes.append(f"{len(r['unexpressed'])} fact(s) unexpressed")
+        t.add_row(r["name"], f"{r['params'] / 1e9:.1f}B",
+                  f"{r['active_params'] / 1e9:.1f}B" if r["active_params"] is not None else "",
+                  str(r["layers"]), str(r["hidden"]), f"{r['heads']} ({r['kv_heads']})", experts, str(r["seq_len"]),
+                  "; ".join(notes))
+    con = console()
+    con.print(t)
+    con.print("active: parameters a token passes through, embeddings excluded", markup=False, highlight=False)
+    if len(rows) == 1:
+        r = rows[0]
+        con.print(f"aliases: {', '.join(r['aliases']) or 'none'}", markup=False, highlight=False)
+        for fact in r["unexpressed"]:
+            con.print(f"not in the cost model: {fact}", markup=False,
+                      highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -412,3 +412,31 @@ def test_progress_bar_quiet_and_counting():
         bar.labelled("three", 3, 4)
         task = bar._progress.tasks[0]
         assert (task.completed, task.total, task.description) == (3, 4, "three")
+
+
+# plan models ----------------------------------------------------------------------------------------------------
+def test_plan_models_lists_every_catalog_model_with_its_size(capsys):
+    from costmodel.catalog import catalog_names, get_model
+    from costmodel.flops import total_params
+
+    rc, out, _ = run_cli(capsys, ["models", "--json"])
+    rows = json.loads(out)
+    assert rc == 0 and [r["name"] for r in rows] == catalog_names()
+    by = {r["name"]: r for r in rows}
+    assert by["405b"]["params"] == total_params(get_model("405b")) and by["405b"]["active_params"] is None
+    assert abs(by["deepseek-v3"]["active_params"] - 37e9) / 37e9 < 0.05 and by["deepseek-v3"]["dense_layers"] == 3
+    assert by["nemotron-3-super"]["hybrid_layers"] == {"Mamba-2": 40, "attention": 8, "MoE": 40}
+    assert "ALiBi attention biases in place of rotary embeddings" in by["bloom-176b"]["unexpressed"]
+
+
+def test_plan_models_filters_by_name_or_alias_and_shows_one_in_full(capsys):
+    rc, out, _ = run_cli(capsys, ["models", "GLM"])
+    assert rc == 0 and "glm-4.5-air" in out and "405b" not in out
+    rc, out, _ = run_cli(capsys, ["models", "tiiuae/falcon-180B"])   # an alias
+    assert rc == 0 and "falcon-180b" in out and "aliases: tiiuae/falcon-180B" in out
+    assert "not in the cost model: parallel attention and MLP" in out
+
+
+def test_plan_models_without_a_match_is_a_one_line_error(capsys):
+    rc, _, err = run_cli(capsys, ["models", "no-such-model"])
+    assert_one_line_error(rc, err, "'no-such-model'", "405b", "deepseek-v3")

@@ -66,6 +66,14 @@ def _named(model) -> str:
     return f"{model.name} ({', '.join(said)})" if said else model.name
 
 
+def _unexpressed_line(model) -> str | None:
+    """The facts of the model no ModelSpec field holds (a catalog entry's or a config.json's), which every
+    estimate leaves out; None when there are none."""
+    if not model.unexpressed:
+        return None
+    return f"not in the cost model for {model.name} (priced without them): {'; '.join(model.unexpressed)}"
+
+
 def _check_file_target(path: str | None) -> None:
     """Fail at once, before any long work, when ``path`` (--json OUT, --plot PNG) could not be written."""
     if path:
@@ -210,6 +218,8 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
             out["best_supported"] = alt
         if scope is not None:
             out["calibration"] = scope
+        if model.unexpressed:
+            out["unexpressed"] = list(model.unexpressed)
         if getattr(res, "study_name", None):
             out["study_name"] = res.study_name
         if hasattr(res, "interrupted"):
@@ -229,6 +239,8 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
         con.print(alt["message"])
     if scope is not None:
         con.print(scope, markup=False, highlight=False)
+    if _unexpressed_line(model):
+        con.print(_unexpressed_line(model), markup=False, highlight=False)
     if not res.any_fits:
         from planner.search import explain_no_fit
 
@@ -375,13 +387,16 @@ def cmd_check(argv: list[str]) -> int:
             out["routing"] = {**t.routing.summary(), "load": load.summary()}
         if scope is not None:
             out["calibration"] = scope
+        if t.model.unexpressed:
+            out["unexpressed"] = list(t.model.unexpressed)
         print(json.dumps(out, indent=1))
         return 0 if est.fits else 1
     _print_check(t, est, links, findings, trust)
-    if scope is not None:
-        from planner.terminal import console
+    from planner.terminal import console
 
-        console().print(scope, markup=False, highlight=False)
+    for line in (scope, _unexpressed_line(t.model)):
+        if line is not None:
+            console().print(line, markup=False, highlight=False)
     return 0 if est.fits else 1
 
 
@@ -736,6 +751,8 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
                "pareto": [points.index(p) for p in front]}
         if args.plot:
             out["plot"] = args.plot
+        if model.unexpressed:
+            out["unexpressed"] = list(model.unexpressed)
         print(json.dumps(out, indent=1))
         return 0 if decision.best else 1
     from planner.terminal import console
@@ -754,6 +771,8 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
               f"{_muon_checkpoint_note(model, c)}"
               f"{'asynchronous' if c.asynchronous else 'synchronous'}, interval "
               f"{'optimal (Daly)' if c.interval_s is None else f'{c.interval_s:.0f} s'}")
+    if _unexpressed_line(model):
+        con.print(_unexpressed_line(model), markup=False, highlight=False)
     if args.plot:
         con.print(f"plot written to {args.plot}")
     return 0 if decision.best else 1

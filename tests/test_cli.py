@@ -440,3 +440,20 @@ def test_plan_models_filters_by_name_or_alias_and_shows_one_in_full(capsys):
 def test_plan_models_without_a_match_is_a_one_line_error(capsys):
     rc, _, err = run_cli(capsys, ["models", "no-such-model"])
     assert_one_line_error(rc, err, "'no-such-model'", "405b", "deepseek-v3")
+
+
+def test_plans_of_a_model_with_unexpressed_facts_say_what_the_estimate_leaves_out(capsys):
+    """A catalog model's facts no field holds (gpt-oss's attention sinks, Mistral's sliding window) are named
+    beside every estimate: under the tables and in the JSON."""
+    from costmodel.catalog import get_model
+
+    check = ["check", "--model", "gpt-oss-120b", "--cluster", "h100x512.yaml", "--tp", "1", "--pp", "1", "--ep", "8",
+             "--micro-batch", "1", "--recompute", "none"]
+    rc, out, _ = run_cli(capsys, [*check, "--json"])
+    assert json.loads(out)["unexpressed"] == list(get_model("gpt-oss-120b").unexpressed)
+    rc, out, _ = run_cli(capsys, check)
+    assert "not in the cost model for gpt-oss-120b (priced without them): " in out and "attention sinks" in out
+    rc, out, _ = run_cli(capsys, ["--model", "mistral-7b", "--cluster", "h100x512.yaml", "--top", "1", "--json"])
+    assert json.loads(out)["unexpressed"] == ["sliding-window attention of 4096 tokens on every layer"]
+    rc, out, _ = run_cli(capsys, ["--model", "70b", "--cluster", "h100x512.yaml", "--top", "1", "--json"])
+    assert "unexpressed" not in json.loads(out)

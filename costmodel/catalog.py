@@ -776,7 +776,7 @@ _UNGATED_ACTS = {"relu2", "squared_relu"}
 # model_type values with a learned absolute position table.
 _LEARNED_POS_TYPES = {"gpt2", "gpt_bigcode", "opt"}
 # model_type values whose transformers config ties embeddings by default.
-_TIED_BY_DEFAULT = {"gpt2", "gpt_bigcode", "gptj", "opt", "bloom", "mpt", "phi"}
+_TIED_BY_DEFAULT = {"gpt2", "gpt_bigcode", "gptj", "opt", "bloom", "mpt", "phi", "gemma2"}
 
 
 class _Config:
@@ -832,7 +832,7 @@ def from_hf_config(
     """A :class:`ModelSpec` from a Hugging Face ``config.json`` (or a directory holding one).
 
     Understands Llama / Mistral / Mixtral / Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE /
-    DeepSeek-V2/V3 / GPT-OSS / GPT-2 / GPT-NeoX field names. ``seq_len`` defaults to
+    DeepSeek-V2/V3 / GPT-OSS / GPT-2 / GPT-NeoX / Nemotron / Nemotron-H / Gemma 2 / GLM-4.5 / MiniMax-M2 field names. ``seq_len`` defaults to
     ``min(max_position_embeddings, 8192)``.
     """
     p = _resolve_path(path)
@@ -1026,6 +1026,9 @@ _NON_ATTENTION_TYPES = ("mamba", "mamba2", "nemotron_h", "jamba", "zamba", "zamb
 def _refuse_non_attention_mixers(cfg: _Config, model_type: str) -> None:
     """A one-line error for a config whose layers are not all attention layers (state-space, linear attention)."""
     key = next((k for k in _NON_ATTENTION_KEYS if cfg.data.get(k) not in (None, "", [], 0)), None)
+    kinds = cfg.data.get("attn_type_list")
+    if key == "attn_type_list" and isinstance(kinds, list) and kinds and all(k == 1 for k in kinds):
+        key = None   # MiniMax's layer kinds: 1 is softmax attention, 0 lightning (linear); all 1 (MiniMax-M2) attend
     if key is None and model_type not in _NON_ATTENTION_TYPES:
         return
     what = f"field {key!r}" if key else f"model_type {model_type!r}"
@@ -1068,14 +1071,16 @@ def _dense_layers(cfg: _Config, num_experts: int) -> int:
 # transformers' own defaults where a config leaves a key out (the configuration_<model_type>.py classes of
 # transformers 4.5x): rms_norm_eps / layer_norm_eps, rope_theta, norm_topk_prob.
 _KNOWN_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron", "nemotron_h")
+                "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron", "nemotron_h", "gemma2", "glm4_moe",
+                "minimax_m2")
 _EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen2_moe": 1e-6, "qwen3": 1e-6,
                 "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gpt2": 1e-5,
                 "gpt_neox": 1e-5, "nemotron": 1e-5}
 _THETA_DEFAULT = {"llama": 10000.0, "mistral": 10000.0, "mixtral": 1e6, "qwen2": 10000.0, "qwen2_moe": 10000.0,
                   "qwen3": 10000.0, "qwen3_moe": 10000.0, "deepseek_v2": 10000.0, "deepseek_v3": 10000.0,
                   "gpt_oss": 150000.0, "gpt_neox": 10000.0, "nemotron": 10000.0}
-_NORM_TOPK_DEFAULT = {"mixtral": True, "gpt_oss": True, "qwen2_moe": False, "qwen3_moe": False, "deepseek_v2": False,
+_NORM_TOPK_DEFAULT = {"mixtral": True, "gpt_oss": True, "minimax_m2": True, "qwen2_moe": False, "qwen3_moe": False,
+                      "deepseek_v2": False,
                       "deepseek_v3": True}
 # Keys from_hf_config maps onto a field (above or in _architecture) ...
 _MAPPED_KEYS = {
@@ -1098,6 +1103,18 @@ _MAPPED_KEYS = {
     "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "swiglu_limit",
     "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "use_parallel_residual",
     "router_jitter_noise", "scale_attn_by_inverse_layer_idx", "text_config",
+    # MiniMax's (attn_type_list all full attention, else refused; rotary_dim: rotary_percent; use_routing_bias: the
+    # expert bias)
+    "attn_type_list", "rotary_dim", "use_routing_bias",
+}
+# Keys one model type maps (and any other type's config is told it has no mapping for): gemma2's (_gemma2_facts),
+# the QK-norm switch of glm4_moe and minimax_m2, MiniMax-M2's QK-norm kind and MTP modules (said in unexpressed) and
+# its unused dense width; a shared expert it does not have (shared_intermediate_size 0).
+_TYPE_KEYS = {
+    "gemma2": {"hidden_activation", "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"},
+    "glm4_moe": {"use_qk_norm"},
+    "minimax_m2": {"use_qk_norm", "qk_norm_type", "use_mtp", "num_mtp_modules", "mtp_transformer_layers",
+                   "mlp_intermediate_size", "shared_intermediate_size"},
 }
 # ... and keys that do not change the model a training run builds: token ids, dtype and serving settings,
 # initialisation, HF's tensor-parallel hint, and the load-balancing loss weights (a training objective passed
@@ -1108,7 +1125,7 @@ _NOT_ARCHITECTURE = {
     "quantization_config", "output_router_logits", "router_aux_loss_coef", "aux_loss_alpha", "seq_aux",
     "ep_size", "initial_context_length", "scale_attn_weights", "reorder_and_upcast_attn", "summary_type",
     "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
-    "task_specific_params", "classifier_dropout", "use_return_dict", "return_dict",
+    "task_specific_params", "classifier_dropout", "use_return_dict", "return_dict", "cache_implementation",
 }
 _ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
          "gelu_fast": "gelu_tanh", "relu2": "squared_relu", "squared_relu": "squared_relu", "relu": "relu"}
@@ -1157,8 +1174,10 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
     if model_type not in _KNOWN_TYPES:
         lost.append(f"model_type {model_type or '(none)'!r}: an architecture the planner does not know (known: "
                     f"{', '.join(_KNOWN_TYPES)})")
-    for key in sorted(set(data) - _MAPPED_KEYS - _NOT_ARCHITECTURE):
+    for key in sorted(set(data) - _MAPPED_KEYS - _NOT_ARCHITECTURE - _TYPE_KEYS.get(model_type, set())):
         lost.append(f"config key {key!r}={data[key]!r} (no mapping)")
+    if model_type == "minimax_m2" and data.get("shared_intermediate_size"):
+        lost.append(f"a shared expert of {data['shared_intermediate_size']} (shared_intermediate_size)")
     _norm_fields(cfg, model_type, fields, out, lost)
     _activation_fields(cfg, model_type, fields, out, lost)
     _bias_dropout_fields(cfg, model_type, out, lost)
@@ -1167,8 +1186,29 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
         _router_fields(cfg, model_type, fields, out, lost)
     if model_type == "gpt_oss":
         lost.append("attention sinks (a learned per-head logit in every attention softmax)")
+    if model_type == "gemma2":
+        lost[:] = [f for f in lost if not f.startswith("sliding-window")] + _gemma2_facts(cfg)
+    if model_type == "minimax_m2" and data.get("use_mtp") and data.get("num_mtp_modules"):
+        lost.append(f"{_WORDS.get(data['num_mtp_modules'], data['num_mtp_modules'])} multi-token-prediction modules in "
+                    f"the released checkpoint (num_mtp_modules)")
     out["unexpressed"] = tuple(lost)
     return out
+
+
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+
+
+def _gemma2_facts(cfg: _Config) -> list[str]:
+    """What a gemma2 config states and no field holds, in the words of the catalog's Gemma 2 entries (modeling_gemma2.py:
+    sliding windows on the even layers, both soft-caps, four (1 + w)-scaled RMSNorms a layer, the scaled embedding
+    and query_pre_attn_scalar)."""
+    get = cfg.data.get
+    window, attn_cap, final_cap = get("sliding_window"), get("attn_logit_softcapping"), get("final_logit_softcapping")
+    facts = [f"sliding-window attention of {window} tokens on every other layer"] if window else []
+    if attn_cap or final_cap:
+        facts.append(f"attention logits soft-capped at {attn_cap:g} and final logits at {final_cap:g}"
+                     if attn_cap and final_cap else f"logits soft-capped at {attn_cap or final_cap:g}")
+    return facts + list(_GEMMA_2_UNEXPRESSED[2:])
 
 
 # Each of these adds its fields to ``out`` and what the config states but no field holds to ``lost``.
@@ -1192,14 +1232,18 @@ def _norm_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dic
         out["norm_epsilon"] = eps
     rms = eps_key == "rms_norm_eps" or (eps_key is None and model_type not in ("gpt2", "gpt_neox", "nemotron"))
     out["normalization"] = "LayerNorm1p" if model_type == "nemotron" else ("RMSNorm" if rms else "LayerNorm")
-    out["qk_norm"] = model_type in ("qwen3", "qwen3_moe") or fields.get("mla_kv_lora_rank") is not None
+    out["qk_norm"] = (model_type in ("qwen3", "qwen3_moe") or fields.get("mla_kv_lora_rank") is not None
+                      or (model_type in ("glm4_moe", "minimax_m2") and bool(get("use_qk_norm", False))))
+    if out["qk_norm"] and get("qk_norm_type") == "per_layer":
+        lost.append("QK norm over all heads' width (qk_norm_type per_layer), not per head")
 
 
 def _activation_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: dict[str, Any],
                        lost: list[str]) -> None:
     """The MLP activation (gated when the MLP has a gate projection, as fields['gated_mlp'] was decided)."""
     get = cfg.data.get
-    act_name = str(get("hidden_act") or get("activation_function") or ("gelu_new" if model_type == "gpt2" else "silu"))
+    act_name = str((get("hidden_activation") if model_type == "gemma2" else None) or get("hidden_act")
+                   or get("activation_function") or ("gelu_new" if model_type == "gpt2" else "silu"))
     act = _ACTS.get(act_name.lower())
     gated = fields.get("gated_mlp", True)
     if model_type == "gpt_oss":
@@ -1230,6 +1274,9 @@ def _bias_dropout_fields(cfg: _Config, model_type: str, out: dict[str, Any], los
         out["linear_bias"] = attn_bias  # attention and expert biases alike
     elif model_type in ("qwen2", "qwen2_moe"):
         out["linear_bias"], out["qkv_bias"] = False, True  # modeling_qwen2.py: q/k/v projections with bias=True
+    elif model_type == "glm4_moe":
+        # modeling_glm4_moe.py: q/k/v projections with bias=attention_bias, o_proj and the MLPs without
+        out["linear_bias"], out["qkv_bias"] = False, attn_bias
     else:
         out["linear_bias"] = attn_bias and mlp_bias
         if attn_bias != mlp_bias:
@@ -1254,6 +1301,8 @@ def _position_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out:
         if theta is not None:
             out["rotary_base"] = theta
         pct = get("partial_rotary_factor", get("rotary_pct", 0.25 if model_type == "gpt_neox" else None))
+        if pct is None and isinstance(get("rotary_dim"), int) and fields.get("head_dim"):
+            pct = get("rotary_dim") / fields["head_dim"]   # MiniMax: the rotated dimensions of a head
         if pct is not None:
             out["rotary_percent"] = _number(cfg, "partial_rotary_factor", pct)
         scaling = _rope_scaling(cfg, get("rope_scaling"), lost)
@@ -1277,7 +1326,8 @@ def _router_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: d
                    lost: list[str]) -> None:
     """The MoE router: score function, top-k renormalisation and method, groups, scaling."""
     get = cfg.data.get
-    score = str(get("scoring_func", "softmax"))
+    # Glm4MoeTopkRouter: a sigmoid score with e_score_correction_bias, whatever the config says (it has no key)
+    score = str(get("scoring_func", "sigmoid" if model_type == "glm4_moe" else "softmax"))
     if score not in ("softmax", "sigmoid"):
         lost.append(f"router score function {score!r} (scoring_func)")
         score = "softmax"
@@ -1289,7 +1339,7 @@ def _router_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: d
     method = str(get("topk_method", "greedy"))
     if method not in ("greedy", "noaux_tc", "group_limited_greedy"):
         lost.append(f"router top-k method {method!r} (topk_method)")
-    if method == "noaux_tc":
+    if method == "noaux_tc" or model_type == "glm4_moe" or get("use_routing_bias"):
         out["moe_router_expert_bias"] = True  # e_score_correction_bias, updated outside the loss
     groups, group_topk = get("n_group"), get("topk_group")
     if method in ("noaux_tc", "group_limited_greedy") and isinstance(groups, int) and groups > 1:

@@ -102,15 +102,12 @@ _FAMILY = (("nemotron-3-nano", "nemotron-3-nano"), ("nemotron-3-super", "nemotro
            ("qwen3-235b", "qwen3-235b-a22b"), ("gpt-oss-120b", "gpt-oss-120b"), ("mixtral", "mixtral-8x7b"),
            ("nemotron4-340b", "nemotron4-340b"), ("nemotron-340b", "nemotron4-340b"),
            # named with their size: a family's other sizes have other widths the row may leave blank
-           ("llama-33b", "llama-33b"), ("llama-65b", "llama-65b"), ("mistral-7b", "mistral-7b"),
-           ("qwen2.5-32b", "qwen2.5-32b"), ("qwen2.5-72b", "qwen2.5-72b"), ("qwen2-57b", "qwen2-57b-a14b"),
-           ("gpt-oss-20b", "gpt-oss-20b"), ("dbrx", "dbrx"), ("falcon-7b", "falcon-7b"),
-           ("falcon-180b", "falcon-180b"), ("bloom-176b", "bloom-176b"), ("opt-175b", "opt-175b"),
-           ("gpt-neox-20b", "gpt-neox-20b"), ("yi-34b", "yi-34b"), ("codellama-34b", "codellama-34b"),
-           ("code-llama-34b", "codellama-34b"), ("gemma-2-9b", "gemma-2-9b"), ("gemma-2-27b", "gemma-2-27b"),
-           ("phi-3-medium", "phi-3-medium"), ("glm-4.5-air", "glm-4.5-air"), ("glm-4.5", "glm-4.5"),
-           ("qwen3-coder-480b", "qwen3-coder-480b-a35b"), ("minimax-m2", "minimax-m2"),
-           ("llama-4-scout", "llama4-scout"), ("llama4-scout", "llama4-scout"))
+           *((name, name) for name in ("llama-33b", "llama-65b", "mistral-7b", "qwen2.5-32b", "qwen2.5-72b",
+                                       "gpt-oss-20b", "dbrx", "falcon-7b", "falcon-180b", "bloom-176b", "opt-175b",
+                                       "gpt-neox-20b", "yi-34b", "codellama-34b", "gemma-2-9b", "gemma-2-27b",
+                                       "phi-3-medium", "glm-4.5-air", "glm-4.5", "minimax-m2", "llama4-scout")),
+           ("qwen2-57b", "qwen2-57b-a14b"), ("code-llama-34b", "codellama-34b"),
+           ("qwen3-coder-480b", "qwen3-coder-480b-a35b"), ("llama-4-scout", "llama4-scout"))
 # Names of families whose MLP is gated (SwiGLU / GeGLU), for a row outside the catalog's families.
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok", "dbrx", "gemma", "olmo", "phi-3",
           "yi-", "internlm", "baichuan", "glm-4", "chatglm", "minicpm")

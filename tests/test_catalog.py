@@ -461,7 +461,7 @@ def test_hf_unknown_family_and_keys_are_named(tmp_path):
     m = from_hf_config(p)
     assert m.unexpressed == ("model_type 'new_family': an architecture the planner does not know (known: "
                              "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
-                             "gpt_oss, gpt2, gpt_neox, nemotron, nemotron_h)",
+                             "gpt_oss, gpt2, gpt_neox, nemotron, nemotron_h, gemma2, glm4_moe, minimax_m2)",
                              "config key 'attn_logit_softcapping'=50.0 (no mapping)")
     # A Llama whose keys are absent takes transformers' LlamaConfig defaults (rms_norm_eps 1e-6, rope_theta 1e4).
     p = _write(tmp_path, {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096,
@@ -559,6 +559,30 @@ def test_a_release_variant_of_a_catalog_model_is_that_model(name, want):
 def test_a_variant_suffix_does_not_shorten_a_name_into_another_model():
     with pytest.raises(InputError, match="unknown model 'DeepSeek-Coder-V2-Lite-Instruct'"):
         get_model("DeepSeek-Coder-V2-Lite-Instruct")    # not DeepSeek-V2-Lite, not any catalog model
+
+
+# Configs of the catalog's Gemma 2 27B, GLM-4.5 and MiniMax-M2 as their cited sources restate them (the HF
+# config.json keys of google/gemma-2-27b, zai-org/GLM-4.5 and MiniMaxAI/MiniMax-M2).
+GEMMA_2_27B = {'architectures': ['Gemma2ForCausalLM'], 'model_type': 'gemma2', 'attention_bias': False, 'attention_dropout': 0.0, 'attn_logit_softcapping': 50.0, 'final_logit_softcapping': 30.0, 'head_dim': 128, 'hidden_act': 'gelu_pytorch_tanh', 'hidden_activation': 'gelu_pytorch_tanh', 'hidden_size': 4608, 'initializer_range': 0.02, 'intermediate_size': 36864, 'max_position_embeddings': 8192, 'num_attention_heads': 32, 'num_hidden_layers': 46, 'num_key_value_heads': 16, 'query_pre_attn_scalar': 144, 'rms_norm_eps': 1e-06, 'rope_theta': 10000.0, 'sliding_window': 4096, 'vocab_size': 256000, 'torch_dtype': 'float32', 'cache_implementation': 'hybrid', 'pad_token_id': 0, 'eos_token_id': 1, 'bos_token_id': 2}
+GLM_4_5 = {'architectures': ['Glm4MoeForCausalLM'], 'model_type': 'glm4_moe', 'attention_bias': True, 'first_k_dense_replace': 3, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 5120, 'intermediate_size': 12288, 'max_position_embeddings': 131072, 'moe_intermediate_size': 1536, 'n_group': 1, 'n_routed_experts': 160, 'n_shared_experts': 1, 'norm_topk_prob': True, 'num_attention_heads': 96, 'num_experts_per_tok': 8, 'num_hidden_layers': 92, 'num_key_value_heads': 8, 'num_nextn_predict_layers': 1, 'partial_rotary_factor': 0.5, 'rms_norm_eps': 1e-05, 'rope_scaling': None, 'rope_theta': 1000000, 'routed_scaling_factor': 2.5, 'tie_word_embeddings': False, 'topk_group': 1, 'use_qk_norm': True, 'vocab_size': 151552}
+MINIMAX_M2 = {**{'architectures': ['MiniMaxM2ForCausalLM'], 'model_type': 'minimax_m2', 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 3072, 'intermediate_size': 1536, 'max_position_embeddings': 196608, 'num_attention_heads': 48, 'num_experts_per_tok': 8, 'num_hidden_layers': 62, 'num_key_value_heads': 8, 'num_local_experts': 256, 'rms_norm_eps': 1e-06, 'rope_theta': 5000000, 'rotary_dim': 64, 'scoring_func': 'sigmoid', 'shared_intermediate_size': 0, 'sliding_window': None, 'tie_word_embeddings': False, 'use_qk_norm': True, 'qk_norm_type': 'per_layer', 'use_routing_bias': True, 'use_mtp': True, 'num_mtp_modules': 3, 'mtp_transformer_layers': 1, 'mlp_intermediate_size': 8192, 'vocab_size': 200064}, "attn_type_list": [1] * 62}
+
+
+@pytest.mark.parametrize("config, name, seq_len", [(GEMMA_2_27B, "gemma-2-27b", None), (GLM_4_5, "glm-4.5", 4096),
+                                                   (MINIMAX_M2, "minimax-m2", 4096)])
+def test_hf_gemma2_glm4_moe_and_minimax_m2_configs_are_their_catalog_models(tmp_path, config, name, seq_len):
+    """Gemma 2 (tied embeddings, GeGLU from hidden_activation, its soft-caps and alternating windows named), GLM-4.5
+    (QKV bias only, use_qk_norm, a sigmoid router with expert bias that the config does not state) and MiniMax-M2
+    (all-attention attn_type_list, rotary_dim of head_dim, use_routing_bias, its QK norm and MTP modules named)."""
+    m = from_hf_config(_write(tmp_path, config), seq_len=seq_len)
+    assert m.model_copy(update={"name": name}) == get_model(name)
+
+
+def test_hf_minimax_layer_kinds_with_linear_attention_are_refused(tmp_path):
+    """MiniMax-Text-01's attn_type_list marks lightning (linear) attention layers 0: not an all-attention model."""
+    data = {**MINIMAX_M2, "attn_type_list": [0] * 7 + [1] + [0] * 54}
+    with pytest.raises(InputError, match="field 'attn_type_list': a model with state-space or linear-attention"):
+        from_hf_config(_write(tmp_path, data))
 
 
 @pytest.mark.parametrize("extra, named", [

@@ -384,19 +384,19 @@ def test_example_config_is_reproduced_key_by_key(tmp_path, path):
 
 
 def test_a_family_the_planner_does_not_express_fails(tmp_path):
-    # Gemma-2-like: logit soft-capping and a family the import does not know. The facts end up in the
-    # '# not expressed' line, so the assertions the shipped models pass fail for it.
-    p = tmp_path / "gemma2" / "config.json"
+    # Gemma-2-like under a family the import does not know (Gemma 3's text model): logit soft-capping and the rest.
+    # The facts end up in the '# not expressed' line, so the assertions the shipped models pass fail for it.
+    p = tmp_path / "gemma3" / "config.json"
     p.parent.mkdir()
     p.write_text(json.dumps({
-        "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "model_type": "gemma3_text", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 8192,
         "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh",
         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256,
         "sliding_window": 4096}))
     model = from_hf_config(p)
     ns, lost = parse(written_args(tmp_path, model))
-    assert lost[0].startswith("model_type 'gemma2': an architecture the planner does not know")
+    assert lost[0].startswith("model_type 'gemma3_text': an architecture the planner does not know")
     assert {"config key 'attn_logit_softcapping'=50.0 (no mapping)", "config key 'hidden_activation'="
             "'gelu_pytorch_tanh' (no mapping)", "sliding-window attention of 4096 tokens"} <= set(lost)
     assert lost != KNOWN_LOST.get(model.name, [])

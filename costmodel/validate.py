@@ -1887,7 +1887,8 @@ def validate(path: str | Path, profiles: dict[str, HardwareProfile] | None = Non
         # A row read several ways (Case.alternatives) is the way predicted.
         feats = case_features(replace(c, plan=plan) if c.alternatives else c)
         rows.append({"row": c.row, "source_id": c.source_id, "gpu_type": c.gpu_type,
-                     "model_name": c.model.name, **feats, **pred, "published_step_time_s": published,
+                     "model_name": c.model.name, "unexpressed": list(c.model.unexpressed), **feats, **pred,
+                     "published_step_time_s": published,
                      "error": None if ok else "non-finite prediction",
                      "ape": abs_percent_error(pred["predicted_step_time_s"], published)
                      if ok and published is not None else None})

@@ -604,6 +604,8 @@ def cmd_validate(argv: list[str]) -> int:
     no_fit = [r for r in result["rows"] if r.get("fits") is False]
     con.print(_no_fit_line(no_fit, sum(1 for r in result["rows"] if r.get("fits") is not None)), markup=False,
               highlight=False)
+    for line in _unexpressed_lines(result["rows"]):
+        con.print(line, markup=False, highlight=False)
     if args.cross_validate:
         result["cross_validation"] = _cross_validate(args.csv, con)
     if args.plot:
@@ -614,7 +616,7 @@ def cmd_validate(argv: list[str]) -> int:
                                         "zero_stage", "pp", "cp", "ep", "precision", "release",
                                         "predicted_step_time_s", "predicted_p10_step_time_s",
                                         "predicted_p90_step_time_s", "support_runs", "published_step_time_s",
-                                        "predicted_peak_memory_bytes", "fits", "error", "assumed")}
+                                        "predicted_peak_memory_bytes", "fits", "error", "assumed", "unexpressed")}
                 for r in result["rows"]]
         out = {"rows": rows, "summary": result["summary"], "interval_coverage": result["interval_coverage"],
                "predicted_not_to_fit": [r["row"] for r in no_fit]}
@@ -631,6 +633,17 @@ def cmd_validate(argv: list[str]) -> int:
 
             write_file_atomic(args.json, json.dumps(out, indent=1))
     return 0
+
+
+def _unexpressed_lines(rows: list[dict]) -> list[str]:
+    """One line per set of facts the cost model leaves out of predicted rows (the facts of their models no field
+    holds: gpt-oss's attention sinks, ...), with how many rows and which models they are."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("unexpressed"):
+            groups.setdefault(tuple(r["unexpressed"]), []).append(r)
+    return [f"{len(rs)} row(s) of {', '.join(dict.fromkeys(str(r['model_name']) for r in rs))}: not in the cost "
+            f"model (priced without them): {'; '.join(facts)}" for facts, rs in groups.items()]
 
 
 def _validation_plot(args, result: dict) -> None:

@@ -457,3 +457,20 @@ def test_plans_of_a_model_with_unexpressed_facts_say_what_the_estimate_leaves_ou
     assert json.loads(out)["unexpressed"] == ["sliding-window attention of 4096 tokens on every layer"]
     rc, out, _ = run_cli(capsys, ["--model", "70b", "--cluster", "h100x512.yaml", "--top", "1", "--json"])
     assert "unexpressed" not in json.loads(out)
+
+
+def test_validate_names_what_the_cost_model_leaves_out_of_each_rows_model(capsys, tmp_path):
+    """A row whose model has facts no field holds (gpt-oss's attention sinks) carries them as unexpressed in the
+    JSON, and the text says how many rows of which models are priced without them."""
+    from costmodel.catalog import get_model
+
+    good = _good_row()
+    oss = next(r for r in _published_rows() if r["model_name"] == "GPT-OSS-120B" and r["scored"] == "true")
+    f = _write_csv(tmp_path / "rows.csv", [good, oss], list(good))
+    rc, out, _ = run_cli(capsys, ["validate", f, "--json", "-"])
+    rows = json.loads(out)["rows"]
+    assert rc == 0 and rows[0]["unexpressed"] == [] and rows[1]["unexpressed"] == list(
+        get_model("gpt-oss-120b").unexpressed)
+    rc, out, _ = run_cli(capsys, ["validate", f])
+    assert "1 row(s) of GPT-OSS-120B: not in the cost model (priced without them): " in out
+    assert "attention sinks" in out and out.count("not in the cost model") == 1

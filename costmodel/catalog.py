@@ -47,12 +47,16 @@ _GPT_OSS = dict(hidden=2880, ffn_hidden=2880, heads=64, kv_heads=8, head_dim=64,
                 hidden_dropout=0.0, rotary_base=150000.0,
                 rope_scaling=dict(type="yarn", factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0,
                                   beta_slow=1.0))
-# Gemma 2 facts no ModelSpec field holds (its entries below cite them).
+# Gemma 2 facts no ModelSpec field holds (its entries below cite them); a gemma2 config.json states the window and
+# the soft-caps with their values (_position_fields, _gemma2_facts) and implies the rest.
+_GEMMA_2_IMPLIED = (
+    "a norm after attention and after the MLP as well as before each (four per layer), scaled by (1 + w)",
+    "embeddings scaled by sqrt(hidden) and queries by 1 / sqrt(query_pre_attn_scalar)",
+)
 _GEMMA_2_UNEXPRESSED = (
     "sliding-window attention of 4096 tokens on every other layer",
     "attention logits soft-capped at 50 and final logits at 30",
-    "a norm after attention and after the MLP as well as before each (four per layer), scaled by (1 + w)",
-    "embeddings scaled by sqrt(hidden) and queries by 1 / sqrt(query_pre_attn_scalar)",
+    *_GEMMA_2_IMPLIED,
 )
 # Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
 GROK_1_UNEXPRESSED = (
@@ -1187,7 +1191,7 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
     if model_type == "gpt_oss":
         lost.append("attention sinks (a learned per-head logit in every attention softmax)")
     if model_type == "gemma2":
-        lost[:] = [f for f in lost if not f.startswith("sliding-window")] + _gemma2_facts(cfg)
+        lost.extend(_gemma2_facts(cfg))
     if model_type == "minimax_m2" and data.get("use_mtp") and data.get("num_mtp_modules"):
         lost.append(f"{_WORDS.get(data['num_mtp_modules'], data['num_mtp_modules'])} multi-token-prediction modules in "
                     f"the released checkpoint (num_mtp_modules)")
@@ -1199,16 +1203,16 @@ _WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
 
 
 def _gemma2_facts(cfg: _Config) -> list[str]:
-    """What a gemma2 config states and no field holds, in the words of the catalog's Gemma 2 entries (modeling_gemma2.py:
-    sliding windows on the even layers, both soft-caps, four (1 + w)-scaled RMSNorms a layer, the scaled embedding
-    and query_pre_attn_scalar)."""
+    """What a gemma2 config states and no field holds beyond its window (_position_fields), in the words of the
+    catalog's Gemma 2 entries (modeling_gemma2.py: both soft-caps, four (1 + w)-scaled RMSNorms a layer, the scaled
+    embedding and query_pre_attn_scalar)."""
     get = cfg.data.get
-    window, attn_cap, final_cap = get("sliding_window"), get("attn_logit_softcapping"), get("final_logit_softcapping")
-    facts = [f"sliding-window attention of {window} tokens on every other layer"] if window else []
+    attn_cap, final_cap = get("attn_logit_softcapping"), get("final_logit_softcapping")
+    facts = []
     if attn_cap or final_cap:
         facts.append(f"attention logits soft-capped at {attn_cap:g} and final logits at {final_cap:g}"
                      if attn_cap and final_cap else f"logits soft-capped at {attn_cap or final_cap:g}")
-    return facts + list(_GEMMA_2_UNEXPRESSED[2:])
+    return facts + list(_GEMMA_2_IMPLIED)
 
 
 # Each of these adds its fields to ``out`` and what the config states but no field holds to ``lost``.
@@ -1312,7 +1316,7 @@ def _position_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out:
     if window is not None and get("use_sliding_window", True) is not False and window < fields["seq_len"]:
         layers = get("layer_types")
         where = f" on {sum(t == 'sliding_attention' for t in layers)} of {len(layers)} layers" \
-            if isinstance(layers, list) else ""
+            if isinstance(layers, list) else (" on every other layer" if model_type == "gemma2" else "")
         lost.append(f"sliding-window attention of {window} tokens{where}")
     if model_type == "gpt_neox" and get("use_parallel_residual", True):
         lost.append("parallel attention and MLP residual (use_parallel_residual)")

@@ -237,10 +237,9 @@ def _print_search(args, model, cluster, gbs: int, res) -> int:
                                  f"{', ranked by P90' if args.rank_by == 'p90' else ''})"))
     if alt is not None:
         con.print(alt["message"])
-    if scope is not None:
-        con.print(scope, markup=False, highlight=False)
-    if _unexpressed_line(model):
-        con.print(_unexpressed_line(model), markup=False, highlight=False)
+    for line in (scope, _unexpressed_line(model)):
+        if line is not None:
+            con.print(line, markup=False, highlight=False)
     if not res.any_fits:
         from planner.search import explain_no_fit
 
@@ -784,8 +783,9 @@ def _capacity_output(args, kind, model, a, points, dims, series, decision, title
               f"{_muon_checkpoint_note(model, c)}"
               f"{'asynchronous' if c.asynchronous else 'synchronous'}, interval "
               f"{'optimal (Daly)' if c.interval_s is None else f'{c.interval_s:.0f} s'}")
-    if _unexpressed_line(model):
-        con.print(_unexpressed_line(model), markup=False, highlight=False)
+    line = _unexpressed_line(model)
+    if line is not None:
+        con.print(line, markup=False, highlight=False)
     if args.plot:
         con.print(f"plot written to {args.plot}")
     return 0 if decision.best else 1

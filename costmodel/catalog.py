@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from costmodel.profiles import InputError, parse_json, read_text, validation_line
-from costmodel.specs import ModelSpec
+from costmodel.specs import ModelSpec, moe_layout
 
 __all__ = ["catalog", "catalog_names", "aliases", "matching", "get_model", "from_hf_config", "CATALOG"]
 
@@ -58,6 +58,13 @@ _GEMMA_2_UNEXPRESSED = (
     "attention logits soft-capped at 50 and final logits at 30",
     *_GEMMA_2_IMPLIED,
 )
+# Llama 4's text model (Scout and Maverick; their entries below say where from).
+_LLAMA_4 = dict(layers=48, hidden=5120, ffn_hidden=16384, heads=40, kv_heads=8, head_dim=128, vocab=202048,
+                seq_len=8192, moe_topk=1, moe_ffn_hidden=8192, shared_experts=1, **_LLAMA, norm_epsilon=1e-5,
+                rotary_base=500000.0, moe_router_score="sigmoid", moe_router_norm_topk=False)
+_LLAMA_4_UNEXPRESSED = ("no rotary embedding on every 4th layer (NoPE) and chunked attention of 8192 tokens on "
+                        "the others", "router scores applied to the expert input (moe_apply_probs_on_input)",
+                        "the vision encoder")
 # Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
 GROK_1_UNEXPRESSED = (
     "attention logits soft-capped at 30 (30 tanh(x / 30)) and scaled by attn_output_multiplier 0.0884",
@@ -551,15 +558,25 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     # MODEL_CARD.md) / args.py, moe.py, model.py and the HF Llama4 text config: 48 layers, 5120, every layer MoE
     # (interleave_moe_layer_step 1) with 16 experts of 8192, top-1, and one shared expert of 8192; 40 Q / 8 KV heads
     # of 128, vocab 202048, RMSNorm 1e-05, rope_theta 500000, no biases, untied; the router takes the top-1 logit
-    # and a sigmoid of it, not renormalised. The text model only.
+    # and a sigmoid of it, not renormalised. The text model only. Megatron-Bridge's Llama4Experts16ModelProvider
+    # (llama_provider.py): Llama 3.1 rope scaling of factor 8 (apply_rope_scaling's low 1, high 4, 8192 positions).
     "llama4-scout": (
         ("llama-4-scout", "llama4-scout-17b-16e", "llama-4-scout-17b-16e", "meta-llama/Llama-4-Scout-17B-16E"),
-        dict(layers=48, hidden=5120, ffn_hidden=16384, heads=40, kv_heads=8, head_dim=128, vocab=202048,
-             seq_len=8192, num_experts=16, moe_topk=1, moe_ffn_hidden=8192, shared_experts=1, **_LLAMA,
-             norm_epsilon=1e-5, rotary_base=500000.0, moe_router_score="sigmoid", moe_router_norm_topk=False,
-             unexpressed=("no rotary embedding on every 4th layer (NoPE) and chunked attention of 8192 tokens on "
-                          "the others", "router scores applied to the expert input (moe_apply_probs_on_input)",
-                          "a weightless L2 QK norm on the rotary layers", "the vision encoder")),
+        dict(**_LLAMA_4, num_experts=16,
+             rope_scaling=dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                               original_max_position_embeddings=8192),
+             unexpressed=(_LLAMA_4_UNEXPRESSED[0], _LLAMA_4_UNEXPRESSED[1],
+                          "a weightless L2 QK norm on the rotary layers", _LLAMA_4_UNEXPRESSED[2])),
+    ),
+    # Llama 4 Maverick (400B total, 17B active; the same model card). Megatron-Bridge's
+    # Llama4Experts128ModelProvider (llama_provider.py): Scout's Llama4ModelProvider with 128 experts,
+    # moe_layer_freq [0, 1] * 24 (MoE on every other layer, the first dense), no rope scaling and no QK norm; the HF
+    # text config as TensorRT-LLM's test_modeling_llama_min_latency.py restates it: intermediate_size 8192 (an
+    # expert), intermediate_size_mlp 16384 (a dense layer), interleave_moe_layer_step 2, use_qk_norm false.
+    "llama4-maverick": (
+        ("llama-4-maverick", "llama4-maverick-17b-128e", "llama-4-maverick-17b-128e",
+         "meta-llama/Llama-4-Maverick-17B-128E"),
+        dict(**_LLAMA_4, num_experts=128, moe_layer_step=2, unexpressed=_LLAMA_4_UNEXPRESSED),
     ),
     # Falcon-7B and Falcon-180B (TII 2023). HF tiiuae/falcon-7b / falcon-180B config.json as the Cerebras model
     # zoo's params_falcon_7b / 180b.yaml restate them (32 / 80 layers, 4544 / 14848 wide, 71 / 232 heads of 64,
@@ -869,8 +886,8 @@ def from_hf_config(
         fields["mtp_layers"] = mtp
 
     # Dense FFN width (for MoE models: the leading dense layers; may be absent or 0).
-    ffn = cfg.get("ffn_hidden", "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim",
-                  default=None)
+    ffn = cfg.get("ffn_hidden", *(("intermediate_size_mlp",) if model_type == "llama4_text" else ()),
+                  "intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim", default=None)
     if not ffn:
         if model_type == "gpt2" or "n_embd" in data:
             ffn = 4 * hidden  # GPT-2: n_inner null means 4 * n_embd
@@ -899,6 +916,8 @@ def from_hf_config(
     parent = p.resolve().parent.name
     fields["name"] = parent if p.name == "config.json" and parent else p.stem
     fields.update(_architecture(cfg, model_type, fields))
+    if data is not raw and isinstance(raw.get("vision_config"), dict):
+        fields["unexpressed"] += ("the vision encoder",)
     if pattern is not None:
         fields.update(_nemotron_h_fields(cfg, pattern, fields))
 
@@ -972,8 +991,11 @@ def _moe_fields(cfg: _Config, num_experts: int) -> dict[str, Any]:
                 f"of moe_intermediate_size {moe_ffn}"
             )
         shared = width // moe_ffn
+    if cfg.data.get("model_type") == "llama4_text":
+        shared = 1   # Llama4TextMoe: one shared expert of intermediate_size beside the routed ones
+        cfg.source["shared_experts"] = "model_type"
     fields["shared_experts"] = shared
-    fields["dense_layers"] = _dense_layers(cfg, num_experts)
+    fields.update(_moe_layer_fields(cfg))
     return fields
 
 
@@ -1041,34 +1063,44 @@ def _refuse_non_attention_mixers(cfg: _Config, model_type: str) -> None:
                      f"only, and would price every layer as attention; valid: a transformer whose every layer attends")
 
 
-def _dense_layers(cfg: _Config, num_experts: int) -> int:
-    """Leading dense layers of an MoE config; anything other than a leading block is refused."""
+def _moe_layer_fields(cfg: _Config) -> dict[str, int]:
+    """Where an MoE config puts its experts, as ``dense_layers`` and ``moe_layer_step``: leading dense layers
+    (first_k_dense_replace, mlp_only_layers), MoE on every k-th layer counted from 1 (decoder_sparse_step,
+    interleave_moe_layer_step, moe_layers: Llama 4 Maverick) or on the layers i % moe_layer_freq == 0 (DeepSeek's
+    modeling code). A placement no such pair gives is refused."""
     data = cfg.data
-    layers = cfg.data.get("num_hidden_layers") or cfg.data.get("n_layer") or 0
+    layers = cfg.int_("layers", "num_hidden_layers", "n_layer", "num_layers")
     dense = cfg.int_("dense_layers", "first_k_dense_replace", default=0)
-    for key in ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"):
-        step = data.get(key)
-        if isinstance(step, int) and not isinstance(step, bool) and step > 1:
-            raise InputError(
-                f"{cfg.path}: field '{key}': MoE every {step} layers is not supported "
-                "(only leading dense layers followed by MoE layers)"
-            )
-    only = data.get("mlp_only_layers")
-    if only:
-        ints = isinstance(only, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in only)
-        if not ints or sorted(only) != list(range(len(only))):
-            raise InputError(
-                f"{cfg.path}: field 'mlp_only_layers': only a leading block of dense layers "
-                f"(0, 1, ..., k-1) is supported, got {only!r}"
-            )
-        dense = max(dense, len(only))
-        cfg.source["dense_layers"] = "mlp_only_layers"
-    if layers and dense > layers:
-        raise InputError(
-            f"{cfg.path}: field '{cfg.source['dense_layers']}': {dense} dense layers "
-            f"exceeds num_hidden_layers={layers}"
-        )
-    return dense
+    if dense > layers:
+        raise InputError(f"{cfg.path}: field '{cfg.source['dense_layers']}': {dense} dense layers exceeds "
+                         f"num_hidden_layers={layers}")
+    mask = [i >= dense for i in range(layers)]
+    keys = [cfg.source["dense_layers"]] if dense else []
+    for key, moe in (("moe_layer_freq", lambda i, k: i % k == 0), ("decoder_sparse_step", lambda i, k: (i + 1) % k == 0),
+                     ("interleave_moe_layer_step", lambda i, k: (i + 1) % k == 0)):
+        if data.get(key) is not None:
+            step = cfg.int_(key, key)
+            if step < 1:
+                raise InputError(f"{cfg.path}: field '{key}': expected an integer >= 1, got {step}")
+            mask = [x and moe(i, step) for i, x in enumerate(mask)]
+            keys += [key] if step > 1 else []
+    for key, keep in (("mlp_only_layers", False), ("moe_layers", True)):
+        listed = data.get(key)
+        if listed is None or (key == "mlp_only_layers" and not listed):
+            continue
+        if not (isinstance(listed, list) and all(type(x) is int and 0 <= x < layers for x in listed)):
+            raise InputError(f"{cfg.path}: field '{key}': expected a list of layer indices 0..{layers - 1}, got "
+                             f"{listed!r}")
+        mask = [x and ((i in listed) == keep) for i, x in enumerate(mask)]
+        keys.append(key)
+    fields = moe_layout(mask)
+    if fields is None:
+        named = " and ".join(f"'{k}'" for k in keys) or "'num_hidden_layers'"
+        moe = [i for i, x in enumerate(mask) if x]
+        where = f"MoE on layers {', '.join(map(str, moe[:6]))}{', ...' if len(moe) > 6 else ''}" if moe else "no MoE layer"
+        raise InputError(f"{cfg.path}: field {named}: {where}; valid: leading dense layers, then MoE on every layer or "
+                         f"on every k-th counted from 1 (layers k-1, 2k-1, ...)")
+    return fields
 
 
 # Architectural facts of a Hugging Face config --------------------------------------------------
@@ -1076,15 +1108,15 @@ def _dense_layers(cfg: _Config, num_experts: int) -> int:
 # transformers 4.5x): rms_norm_eps / layer_norm_eps, rope_theta, norm_topk_prob.
 _KNOWN_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
                 "deepseek_v3", "gpt_oss", "gpt2", "gpt_neox", "nemotron", "nemotron_h", "gemma2", "glm4_moe",
-                "minimax_m2")
+                "minimax_m2", "llama4_text")
 _EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "mixtral": 1e-5, "qwen2": 1e-6, "qwen2_moe": 1e-6, "qwen3": 1e-6,
                 "qwen3_moe": 1e-6, "deepseek_v2": 1e-6, "deepseek_v3": 1e-6, "gpt_oss": 1e-5, "gpt2": 1e-5,
-                "gpt_neox": 1e-5, "nemotron": 1e-5}
+                "gpt_neox": 1e-5, "nemotron": 1e-5, "llama4_text": 1e-5}
 _THETA_DEFAULT = {"llama": 10000.0, "mistral": 10000.0, "mixtral": 1e6, "qwen2": 10000.0, "qwen2_moe": 10000.0,
                   "qwen3": 10000.0, "qwen3_moe": 10000.0, "deepseek_v2": 10000.0, "deepseek_v3": 10000.0,
-                  "gpt_oss": 150000.0, "gpt_neox": 10000.0, "nemotron": 10000.0}
+                  "gpt_oss": 150000.0, "gpt_neox": 10000.0, "nemotron": 10000.0, "llama4_text": 500000.0}
 _NORM_TOPK_DEFAULT = {"mixtral": True, "gpt_oss": True, "minimax_m2": True, "qwen2_moe": False, "qwen3_moe": False,
-                      "deepseek_v2": False,
+                      "deepseek_v2": False, "llama4_text": False,
                       "deepseek_v3": True}
 # Keys from_hf_config maps onto a field (above or in _architecture) ...
 _MAPPED_KEYS = {
@@ -1101,7 +1133,7 @@ _MAPPED_KEYS = {
     "qk_nope_head_dim", "v_head_dim", "head_dim", "kv_channels", "max_position_embeddings", "n_positions",
     "n_ctx", "seq_length", "max_sequence_length", "tie_word_embeddings", "hidden_act", "activation_function",
     "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
-    "mlp_only_layers", "rope_theta", "rotary_emb_base", "rope_scaling", "partial_rotary_factor", "rotary_pct",
+    "mlp_only_layers", "moe_layers", "rope_theta", "rotary_emb_base", "rope_scaling", "partial_rotary_factor", "rotary_pct",
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "attention_bias", "mlp_bias",
     "attention_dropout", "attn_pdrop", "hidden_dropout", "resid_pdrop", "embd_pdrop", "scoring_func",
     "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "swiglu_limit",
@@ -1119,6 +1151,10 @@ _TYPE_KEYS = {
     "glm4_moe": {"use_qk_norm"},
     "minimax_m2": {"use_qk_norm", "qk_norm_type", "use_mtp", "num_mtp_modules", "mtp_transformer_layers",
                    "mlp_intermediate_size", "shared_intermediate_size"},
+    # _llama4_facts; intermediate_size_mlp is the dense layers' width (from_hf_config); for_llm_compressor marks a
+    # checkpoint layout for the llm-compressor tool, not the network.
+    "llama4_text": {"intermediate_size_mlp", "attention_chunk_size", "no_rope_layers", "no_rope_layer_interval",
+                    "use_qk_norm", "attn_temperature_tuning", "floor_scale", "attn_scale", "for_llm_compressor"},
 }
 # ... and keys that do not change the model a training run builds: token ids, dtype and serving settings,
 # initialisation, HF's tensor-parallel hint, and the load-balancing loss weights (a training objective passed
@@ -1192,6 +1228,8 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
         lost.append("attention sinks (a learned per-head logit in every attention softmax)")
     if model_type == "gemma2":
         lost.extend(_gemma2_facts(cfg))
+    if model_type == "llama4_text":
+        lost.extend(_llama4_facts(cfg, fields))
     if model_type == "minimax_m2" and data.get("use_mtp") and data.get("num_mtp_modules"):
         lost.append(f"{_WORDS.get(data['num_mtp_modules'], data['num_mtp_modules'])} multi-token-prediction modules in "
                     f"the released checkpoint (num_mtp_modules)")
@@ -1200,6 +1238,31 @@ def _architecture(cfg: _Config, model_type: str, fields: dict[str, Any]) -> dict
 
 
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+
+
+def _llama4_facts(cfg: _Config, fields: dict[str, Any]) -> list[str]:
+    """What a llama4_text config states and no field holds, in the words of the catalog's Llama 4 entries
+    (transformers' modeling_llama4.py): layers without rotary embeddings (no_rope_layers, 0 = NoPE; by default every
+    no_rope_layer_interval-th) and chunked attention on the others, the router's scores scaling the expert input,
+    the weightless L2 QK norm (use_qk_norm) and the query temperature of the NoPE layers (attn_temperature_tuning:
+    1 below floor_scale tokens)."""
+    get, layers = cfg.data.get, fields["layers"]
+    every = get("no_rope_layer_interval", 4)
+    rope = get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(layers)]
+    periodic = rope == [int((i + 1) % every != 0) for i in range(layers)]
+    where = (f"every {every}{'nd' if every == 2 else 'rd' if every == 3 else 'th'} layer" if periodic else
+             "layers " + ", ".join(str(i) for i, x in enumerate(rope) if not x))
+    chunk = get("attention_chunk_size")
+    facts = [f"no rotary embedding on {where} (NoPE)" + (f" and chunked attention of {chunk} tokens on the others"
+                                                          if chunk else "")] if not all(rope) else []
+    if fields.get("num_experts"):
+        facts.append("router scores applied to the expert input (moe_apply_probs_on_input)")
+    if get("use_qk_norm"):
+        facts.append("a weightless L2 QK norm on the rotary layers")
+    floor = get("floor_scale", 8192)
+    if get("attn_temperature_tuning", True) and not all(rope) and fields["seq_len"] > floor:
+        facts.append(f"query temperature tuning on the NoPE layers beyond {floor} tokens (attn_temperature_tuning)")
+    return facts
 
 
 def _gemma2_facts(cfg: _Config) -> list[str]:
@@ -1331,7 +1394,8 @@ def _router_fields(cfg: _Config, model_type: str, fields: dict[str, Any], out: d
     """The MoE router: score function, top-k renormalisation and method, groups, scaling."""
     get = cfg.data.get
     # Glm4MoeTopkRouter: a sigmoid score with e_score_correction_bias, whatever the config says (it has no key)
-    score = str(get("scoring_func", "sigmoid" if model_type == "glm4_moe" else "softmax"))
+    # Llama4Router: a sigmoid of the top-k logits, not renormalised
+    score = str(get("scoring_func", "sigmoid" if model_type in ("glm4_moe", "llama4_text") else "softmax"))
     if score not in ("softmax", "sigmoid"):
         lost.append(f"router score function {score!r} (scoring_func)")
         score = "softmax"

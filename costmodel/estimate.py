@@ -574,7 +574,7 @@ def layer_terms(c: SimpleNamespace) -> SimpleNamespace:
         lt.t_tp_exposed_moe = lt.t_tp_exposed
         lt.t_a2a = lt.t_a2a_raw = np.zeros(c.n)
     # the module repeats the last layer (MoE unless all are dense; a hybrid model's MTP pattern, attention and MoE)
-    lt.mtp_f, lt.mtp_b = (lt.moe_f, lt.moe_b) if c.model.moe_layers > 0 else (lt.dense_f, lt.dense_b)
+    lt.mtp_f, lt.mtp_b = (lt.moe_f, lt.moe_b) if c.model.is_moe_layer(c.model.layers - 1) else (lt.dense_f, lt.dense_b)
     if c.model.hybrid_pattern:
         _hybrid_means(c, lt)
     rc = c.a.recompute
@@ -603,8 +603,8 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     st = SimpleNamespace(stages=_stages(model, a))
     SL = st.SL = st.stages.layers
     st.valid = st.stages.valid
-    st.n_dense = n_dense = np.clip(model.dense_layers - st.stages.start, 0, SL) if model.is_moe else SL
-    st.n_moe = n_moe = SL - n_dense
+    st.n_moe = n_moe = model.moe_before(st.stages.start + SL) - model.moe_before(st.stages.start)
+    st.n_dense = n_dense = SL - n_moe
     st.rl = np.where(a.recompute_layers[:, None] < 0, SL, np.minimum(a.recompute_layers[:, None], SL))
     st.rec_frac = rec_frac = np.where(SL > 0, st.rl / np.maximum(SL, 1), 0.0)
     stage_f = n_dense * col(lt.dense_f) + n_moe * col(lt.moe_f)
@@ -628,7 +628,7 @@ def stage_times(c: SimpleNamespace, lt: SimpleNamespace) -> SimpleNamespace:
     # Multi-token prediction (megatron-core: on the last stage): per module a layer of the last kind, the
     # 2h->h projection of [norm(h); norm(embedding)] and the shared output layer and loss once more.
     st.mtp = mtp = model.mtp_layers
-    st.mtp_moe = mtp_moe = model.moe_layers > 0    # the module repeats the last layer: MoE unless all are dense
+    st.mtp_moe = mtp_moe = model.is_moe_layer(model.layers - 1)    # the module repeats the last layer
     if mtp:
         t_eh = _gemm(c, 2.0 * tokens * 2 * h * h / tp, np.minimum(tokens, float(h)))
         mtp_f = lt.mtp_f + t_eh + t_logit + t_ce

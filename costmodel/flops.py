@@ -135,7 +135,7 @@ def layer_params(model: ModelSpec, moe: bool) -> dict[str, float]:
 def mtp_layer_params(model: ModelSpec) -> dict[str, float]:
     """Parameters of a multi-token-prediction module's layer (mtp_layer_forward_flops's layer)."""
     if not model.hybrid_pattern:
-        return layer_params(model, model.moe_layers > 0)
+        return layer_params(model, model.is_moe_layer(model.layers - 1))
     a, b = sublayer_params(model, "*"), sublayer_params(model, "E" if model.is_moe else "-")
     return {key: a[key] + b[key] for key in a}
 
@@ -224,7 +224,7 @@ def mtp_layer_forward_flops(model: ModelSpec, tokens, seq_len, causal: bool = Tr
     """Forward FLOPs of a multi-token-prediction module's layer: one of the model's last kind, or for a hybrid
     model attention plus its MLP or MoE (megatron-core's hybrid MTP pattern ``*E``)."""
     if not model.hybrid_pattern:
-        return layer_forward_flops(model, tokens, seq_len, moe=model.moe_layers > 0, causal=causal)
+        return layer_forward_flops(model, tokens, seq_len, moe=model.is_moe_layer(model.layers - 1), causal=causal)
     a = sublayer_forward_flops(model, tokens, seq_len, "*", causal)
     b = sublayer_forward_flops(model, tokens, seq_len, "E" if model.is_moe else "-", causal)
     return {key: a[key] + b[key] for key in a}

@@ -278,7 +278,7 @@ def _sequence_flops(model: ModelSpec) -> dict[str, float]:
     s, h = model.seq_len, model.hidden
     f_dense = layer_forward_flops(model, s, s, moe=False, causal=False)
     f_moe = layer_forward_flops(model, s, s, moe=True, causal=False) if model.is_moe else f_dense
-    f_mtp = layer_forward_flops(model, s, s, moe=model.moe_layers > 0, causal=False)
+    f_mtp = layer_forward_flops(model, s, s, moe=model.is_moe_layer(model.layers - 1), causal=False)
     logits = 2.0 * s * h * model.vocab
     mtp = model.mtp_layers * (float(f_mtp["gemm"] + f_mtp["expert"] + f_mtp["attn"]) + 2.0 * s * 2 * h * h + logits)
     return {"dense": 3.0 * float(f_dense["gemm"] + f_dense["expert"] + f_dense["attn"]),
@@ -287,11 +287,11 @@ def _sequence_flops(model: ModelSpec) -> dict[str, float]:
 
 
 def _stage_flops(model: ModelSpec, p: HeteroPlan, seq_flops: dict[str, float]) -> np.ndarray:
-    """Model FLOPs of each stage per step: its layers (dense first for MoE models); the logits and the
+    """Model FLOPs of each stage per step: its dense and MoE layers where the model places them; the logits and the
     multi-token-prediction modules on the last stage (megatron-core puts MTP there)."""
     start = np.cumsum((0,) + p.layers_per_stage[:-1])
-    n_dense = np.clip((model.dense_layers if model.is_moe else model.layers) - start, 0, p.layers_per_stage)
-    n_moe = np.asarray(p.layers_per_stage) - n_dense
+    n_moe = model.moe_before(start + np.asarray(p.layers_per_stage)) - model.moe_before(start)
+    n_dense = np.asarray(p.layers_per_stage) - n_moe
     stage_flops = p.global_batch * (n_dense * seq_flops["dense"] + n_moe * seq_flops["moe"])
     stage_flops[-1] += p.global_batch * seq_flops["logits"]
     if model.mtp_layers:

@@ -238,7 +238,7 @@ def _is_mla(m: ModelSpec) -> bool:
 
 
 def _has_dense_ffn(m: ModelSpec) -> bool:
-    return (not m.is_moe) or m.dense_layers > 0
+    return m.moe_layers < m.layers
 
 
 def _shared_ffn(m: ModelSpec) -> int:

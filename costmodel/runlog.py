@@ -29,6 +29,7 @@ otherwise the caller names it (``plan calibrate --gpu`` or ``--cluster``).
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from pydantic import ValidationError
 from costmodel.fit import Measurement
 from costmodel.profiles import InputError, load_profile
 from costmodel.plan import ParallelPlan, data_parallel
-from costmodel.specs import ClusterSpec, ModelSpec
+from costmodel.specs import ClusterSpec, ModelSpec, moe_layout
 
 _BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 _END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -203,22 +204,55 @@ def _offload_fraction(a: _Args) -> float:
     return float(v)
 
 
-def _dense_layers(freq, layers: int) -> int:
-    """Leading dense layers from Megatron's --moe-layer-freq: 1 (every layer MoE), a list printed as
-    [0, 0, 1, ...] or the pattern string ([0]*3+[1]*58)."""
-    if freq is None or isinstance(freq, (int, float)):
-        return 0
-    s = str(freq)
-    m = re.match(r"\(?\s*\[0\]\s*\*\s*(\d+)", s)
-    if m:
-        return int(m.group(1))
-    items = re.findall(r"[01]", s)
-    n = 0
-    for x in items:
-        if x != "0":
-            break
-        n += 1
-    return min(n, layers)
+def _moe_layer_fields(a: _Args, layers: int) -> dict[str, int]:
+    """``dense_layers`` and ``moe_layer_step`` from Megatron's --moe-layer-freq as the dump prints it: an integer k
+    (MoE on layers 0, k, 2k, ...), a list [0, 0, 1, ...] or a pattern string ([0]*3+[1]*58, [0,1]*24)."""
+    freq = a.get("moe_layer_freq")
+    if freq is None:
+        return {}
+    raw = a.raw.get("moe_layer_freq")
+    if isinstance(freq, (int, float)) and not isinstance(freq, bool) and freq >= 1 and int(freq) == freq:
+        mask = [int(i % int(freq) == 0) for i in range(layers)]
+    else:
+        mask = _freq_list(str(raw))
+    if mask is None or len(mask) != layers or any(x not in (0, 1) for x in mask):
+        raise InputError(f"{a.source}: field 'moe_layer_freq' = {raw!r}: expected an integer or a list of 0 / 1, one a "
+                         f"layer ({layers} layers)")
+    fields = moe_layout(mask)
+    if fields is None:
+        raise InputError(f"{a.source}: field 'moe_layer_freq' = {raw!r}: the cost model places MoE layers after "
+                         f"leading dense ones, on every layer or every k-th counted from 1 (Llama 4 Maverick's "
+                         f"[0,1]*24); valid: such a pattern")
+    return fields
+
+
+def _freq_list(text: str) -> list[int] | None:
+    """A printed list or Python list expression of 0 / 1 (+ and * of lists and integers), evaluated without eval."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)) and len(node.elts) <= 100_000:
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
+                count = right if isinstance(left, list) else left
+                if 0 <= count <= 100_000:
+                    return left * count if isinstance(left, list) else right * count
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+        raise ValueError
+
+    try:
+        out = value(tree)
+    except (ValueError, RecursionError):
+        return None
+    return out if isinstance(out, list) and all(type(x) is int for x in out) else None
 
 
 def _precision(a: _Args) -> str:
@@ -292,8 +326,7 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
         moe_ffn = a.int("moe_ffn_hidden_size", default=ffn)
         shared = a.int("moe_shared_expert_intermediate_size", default=0, low=0)
         spec.update(num_experts=experts, moe_topk=a.int("moe_router_topk", default=2), moe_ffn_hidden=moe_ffn,
-                    shared_experts=shared // moe_ffn if shared else 0,
-                    dense_layers=_dense_layers(a.get("moe_layer_freq"), layers))
+                    shared_experts=shared // moe_ffn if shared else 0, **_moe_layer_fields(a, layers))
     if a.flag("multi_latent_attention"):
         spec.update(mla_kv_lora_rank=a.int("kv_lora_rank", default=512), mla_q_lora_rank=a.int("q_lora_rank", low=0),
                     mla_rope_dim=a.int("qk_pos_emb_head_dim", default=64), head_dim=a.int("qk_head_dim", default=128),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32", "tf32"]
@@ -199,6 +200,10 @@ class ModelSpec(FrozenSpec):
     """Shared (always-on) experts per MoE layer, each of width moe_ffn_hidden."""
     dense_layers: Count0 = 0
     """Leading dense layers before the MoE layers (DeepSeek's first_k_dense_replace)."""
+    moe_layer_step: Count = 1
+    """After the leading dense layers, MoE on every ``moe_layer_step``-th layer and dense MLPs on the others: layer
+    i (from 0) is MoE when (i + 1) is a multiple of it, as HF's ``interleave_moe_layer_step`` (Llama 4 Maverick: 2,
+    Megatron-Bridge's ``moe_layer_freq=[0, 1] * 24``) and ``decoder_sparse_step`` count; 1 = every layer."""
     moe_router_score: Literal["softmax", "sigmoid"] = "softmax"
     """Router score function (DeepSeek-V3 scoring_func sigmoid)."""
     moe_router_norm_topk: bool = True
@@ -296,6 +301,13 @@ class ModelSpec(FrozenSpec):
                 )
             if self.dense_layers > self.layers:
                 raise ValueError(f"dense_layers={self.dense_layers} exceeds layers={self.layers}")
+        if self.moe_layer_step > 1:
+            if not self.num_experts or self.hybrid_pattern is not None:
+                raise ValueError(f"moe_layer_step={self.moe_layer_step} needs an MoE transformer (num_experts > 0, "
+                                 f"no hybrid_pattern: write a hybrid's MoE layers (E) into the pattern); valid: 1")
+            if not self.moe_layers:
+                raise ValueError(f"moe_layer_step={self.moe_layer_step} with dense_layers={self.dense_layers} leaves "
+                                 f"no MoE layer among layers={self.layers}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.gated_mlp != (self.activation in GATED_ACTIVATIONS):
@@ -365,7 +377,32 @@ class ModelSpec(FrozenSpec):
 
     @property
     def moe_layers(self) -> int:
-        return self.layers - self.dense_layers if self.is_moe else 0
+        return int(self.moe_before(self.layers))
+
+    def moe_before(self, j):
+        """MoE layers among the first ``j`` (an int or an array of them, as floats too): the leading
+        ``dense_layers`` dense, then every ``moe_layer_step``-th. A hybrid's layers all count (its pattern says
+        which mix what)."""
+        if not self.is_moe:
+            return np.zeros_like(j)
+        step = self.moe_layer_step
+        return np.maximum(np.floor_divide(j, step) - self.dense_layers // step, 0)
+
+    def dense_prefix(self) -> np.ndarray:
+        """Dense layers among the first j, j = 0..layers (a hybrid's: none)."""
+        j = np.arange(self.layers + 1)
+        return j - self.moe_before(j)
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i (from 0) holds the experts."""
+        return bool(self.moe_before(i + 1) - self.moe_before(i))
+
+    def moe_layer_freq(self) -> list[int] | None:
+        """Megatron's ``--moe-layer-freq`` as a list, one 0 (dense) or 1 (MoE) a layer; None when every layer is
+        MoE (the default, 1) or the model is dense."""
+        if not self.is_moe or self.moe_layers == self.layers:
+            return None
+        return [int(self.is_moe_layer(i)) for i in range(self.layers)]
 
     @property
     def expert_ffn(self) -> int:
@@ -379,6 +416,8 @@ class ModelSpec(FrozenSpec):
         key = f"L{self.layers} h{self.hidden} ffn{self.ffn_hidden} a{self.heads}/{self.kv_head_count}"
         if self.is_moe:
             key += f" moe{self.num_experts}x{self.expert_ffn} top{self.moe_topk} shared{self.shared_experts}"
+            if self.moe_layer_step > 1:
+                key += f" every{self.moe_layer_step}"
         if self.mla_kv_lora_rank:
             key += f" mla{self.mla_kv_lora_rank}"
         if self.hybrid_pattern:
@@ -386,6 +425,21 @@ class ModelSpec(FrozenSpec):
         if self.moe_latent:
             key += f" latent{self.moe_latent}"
         return key
+
+
+def moe_layout(mask) -> dict[str, int] | None:
+    """The ``dense_layers`` and ``moe_layer_step`` that place MoE layers where ``mask`` (one 0 / 1 a layer, 1 =
+    MoE) has them, the smallest step that does; None when none does (MoE on layers 0, 2, 4, ...: Megatron's
+    integer --moe-layer-freq 2, a first layer with experts and a dense one after it)."""
+    mask = [int(bool(x)) for x in mask]
+    moe = [i for i, x in enumerate(mask) if x]
+    if not moe:
+        return None
+    for step in range(1, len(mask) + 1):
+        dense = max(moe[0] - step + 1, 0)
+        if all(x == (i >= dense and (i + 1) % step == 0) for i, x in enumerate(mask)):
+            return {"dense_layers": dense, "moe_layer_step": step}
+    return None
 
 
 class InterNodeFabric(FrozenSpec):

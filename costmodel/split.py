@@ -58,11 +58,11 @@ def interval_costs(const, prefix: np.ndarray) -> np.ndarray:
     return np.where(j[None, None, :] >= j[None, :, None], c, np.inf)
 
 
-def linear_prefix(b_dense, b_moe, layers: int, dense_layers: int) -> np.ndarray:
+def linear_prefix(b_dense, b_moe, dense_before: np.ndarray) -> np.ndarray:
     """prefix[s, j]: what layers 0..j-1 cost on stage s at ``b_dense`` per dense and ``b_moe`` per MoE layer
-    (the first ``dense_layers`` are dense)."""
-    j = np.arange(layers + 1)
-    nd = np.minimum(j, dense_layers)
+    (``dense_before[j]``: dense layers among layers 0..j-1, j = 0..layers)."""
+    nd = np.asarray(dense_before)
+    j = np.arange(len(nd))
     return np.asarray(b_dense)[:, None] * nd[None, :] + np.asarray(b_moe)[:, None] * (j - nd)[None, :]
 
 
@@ -309,20 +309,17 @@ def _plan_probe(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, rows
 def _unit_costs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, **kw
                 ) -> tuple[float, float, float, float]:
     """(dense layer, MoE layer, first-stage extra, last-stage extra) seconds per micro-batch."""
-    L = model.layers
-    D = model.dense_layers if model.is_moe else L
-    # pp=4 probe: stage 0 (empty, first), 1 (empty, middle: the baseline), 2 (one layer), 3 (last).
-    rows = [[0, 0, 1, 0]]                     # stage 2 starts at layer 0: dense if D >= 1
-    if 0 < D < L:
-        rows.append([D, 0, 1, 0])             # stage 2 starts at layer D: an MoE layer
-    t = _plan_probe(model, cluster, plan, np.array(rows), pp=4, **kw)["stage_time_s"]
+    kinds = [model.is_moe_layer(i) for i in range(model.layers)]
+    # pp=4 probe: stage 0 (the layers before, first), 1 (empty, middle: the baseline), 2 (one layer), 3 (last);
+    # stage 2's layer is the model's first dense layer, then its first MoE layer.
+    # Layer 0 is the first of its kind, so the first row's stage 0 is empty.
+    at = sorted(kinds.index(moe) for moe in (False, True) if moe in kinds)
+    t = _plan_probe(model, cluster, plan, np.array([[i, 0, 1, 0] for i in at]), pp=4, **kw)["stage_time_s"]
     base = t[0, 1]
     first_extra = float(t[0, 0] - base)
     last_extra = float(t[0, 3] - base)
-    layer0 = float(t[0, 2] - base)
-    dense = layer0 if D >= 1 else 0.0
-    moe = layer0 if D == 0 else (float(t[1, 2] - t[1, 1]) if D < L else 0.0)
-    return dense, moe, first_extra, last_extra
+    one = dict(zip((kinds[i] for i in at), (float(t[r, 2] - t[r, 1]) for r in range(len(at)))))
+    return one.get(False, 0.0), one.get(True, 0.0), first_extra, last_extra
 
 
 def layer_costs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
@@ -355,9 +352,7 @@ def layer_costs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         moe = m_none + frac * (m_all - m_none)
     else:
         dense, moe, fe, le = _unit_costs(model, cluster, plan, **kw)
-    D = model.dense_layers if model.is_moe else model.layers
-    costs = [dense] * D + [moe] * (model.layers - D)
-    return costs, fe, le
+    return [moe if model.is_moe_layer(i) else dense for i in range(model.layers)], fe, le
 
 
 def stage_memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
@@ -371,24 +366,19 @@ def stage_memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     function and the usable memory capacity of one GPU.
     """
     L, pp, m = model.layers, plan.pp, int(multiple_of)
-    D = model.dense_layers if model.is_moe else L
     keys: list[tuple[int, int, int]] = []
     rows: list[list[int]] = []
     for j in range(pp):
         for n in range(0, L + 1, m):
-            if not model.is_moe:
-                combos = [(n, 0)]
-            elif j == 0:
-                combos = [(min(D, n), n - min(D, n))]
-            else:
-                combos = [(nd, n - nd) for nd in range(0, min(D, n) + 1)]
-            for nd, nm in combos:
-                u = 0 if (not model.is_moe or nm == 0) else D - nd
+            # Stage j holding layers u..u+n-1: the first stage starts at 0; a later one is probed once for each
+            # count of MoE layers it can hold, placed after u layers on the first stage.
+            u = np.arange(1 if j == 0 else L - n + 1)
+            nm, at = np.unique(model.moe_before(u + n) - model.moe_before(u), return_index=True)
+            for moe, start in zip(nm.tolist(), u[at].tolist()):
                 row = [0] * pp
-                if u:
-                    row[0] = u
+                row[0] = start
                 row[j] = n
-                keys.append((j, nd, nm))
+                keys.append((j, n - moe, moe))
                 rows.append(row)
     out = _plan_probe(model, cluster, plan, np.array(rows), pp=pp, vpp=plan.vpp, profile=profile,
                       moe_imbalance=moe_imbalance)
@@ -397,8 +387,8 @@ def stage_memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     capacity = float(out["memory_capacity_bytes"][0])
 
     def stage_memory(j: int, first: int, n: int) -> float:
-        nd = min(max(D - first, 0), n) if model.is_moe else n
-        return table[(j, nd, n - nd)]
+        nm = int(model.moe_before(first + n) - model.moe_before(first))
+        return table[(j, n - nm, nm)]
 
     return stage_memory, capacity
 
@@ -457,7 +447,7 @@ def stage_coefficients(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays
     zero = probe(model, cluster, plans, 0.0 * on, score)
     dense_model = model.model_copy(update={"dense_layers": model.layers}) if model.is_moe else model
     one_d = probe(dense_model, cluster, plans, 1.0 * on, score)
-    one_m = (probe(model.model_copy(update={"dense_layers": 0}), cluster, plans, 1.0 * on, score)
+    one_m = (probe(model.model_copy(update={"dense_layers": 0, "moe_layer_step": 1}), cluster, plans, 1.0 * on, score)
              if model.is_moe else one_d)
     t0, m0 = zero["stage_time_s"], zero["peak_memory_bytes"]
     return {"time0": t0, "time_dense": one_d["stage_time_s"] - t0, "time_moe": one_m["stage_time_s"] - t0,
@@ -476,18 +466,19 @@ class Split:
     """False when the threshold search stopped at SPLIT_MAX_ROUNDS before proving optimality."""
 
 
-def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacity, *, layers: int,
-                  dense_layers: int, microbatches: int, vpp: int = 1) -> Split:
-    """The split of ``layers`` (the first ``dense_layers`` dense) over the stages that minimises
+def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacity, *, dense_before: np.ndarray,
+                  microbatches: int, vpp: int = 1) -> Split:
+    """The split of the layers (``dense_before[j]``: dense ones among the first j, j = 0..layers) over the stages
+    that minimises
     m*max(t) + (sum(t) - max(t))/vpp with linear stage costs t_s = time0_s + time_dense_s*n_dense +
     time_moe_s*n_moe, every stage's memory mem0_s + mem_dense_s*n_dense + mem_moe_s*n_moe <= capacity_s
     (scalar or per stage), the middle stages non-empty (the heterogeneous case of :func:`solve_split`).
     """
-    pp = len(time0)
+    pp, layers = len(time0), len(dense_before) - 1
     if layers < max(pp - 2, 0) or (pp == 1 and layers < 1):
         raise ValueError(f"no split: {layers} layers cannot fill the {max(pp - 2, 1)} stage(s) that must hold one")
-    cost = interval_costs(time0, linear_prefix(time_dense, time_moe, layers, dense_layers))
-    mem = interval_costs(mem0, linear_prefix(mem_dense, mem_moe, layers, dense_layers))
+    cost = interval_costs(time0, linear_prefix(time_dense, time_moe, dense_before))
+    mem = interval_costs(mem0, linear_prefix(mem_dense, mem_moe, dense_before))
     cap = np.broadcast_to(np.asarray(capacity, dtype=float), (pp,))
     ok = count_ok(pp, layers)
     fits = True
@@ -495,13 +486,13 @@ def optimal_split(time0, time_dense, time_moe, mem0, mem_dense, mem_moe, capacit
     if not np.isfinite(_min_sum(np.where(allowed, cost, np.inf), np.array([np.inf]))[0]):
         fits, allowed = False, ok
     split, _, exact = solve_split(np.where(allowed, cost, np.inf), microbatches=microbatches, vpp=vpp)
-    t = np.array([time0[s] + _layer_sum(time_dense[s], time_moe[s], split, s, dense_layers) for s in range(pp)])
+    t = np.array([time0[s] + _layer_sum(time_dense[s], time_moe[s], split, s, dense_before) for s in range(pp)])
     pipe = microbatches * t.max() + (t.sum() - t.max()) / vpp
     return Split(split, float(pipe), fits, exact)
 
 
-def _layer_sum(b_dense: float, b_moe: float, split: tuple[int, ...], s: int, dense_layers: int) -> float:
+def _layer_sum(b_dense: float, b_moe: float, split: tuple[int, ...], s: int, dense_before: np.ndarray) -> float:
     """What stage s's layers of ``split`` cost at ``b_dense`` per dense and ``b_moe`` per MoE layer."""
     u = sum(split[:s])
-    nd = min(max(dense_layers - u, 0), split[s])
+    nd = int(dense_before[u + split[s]] - dense_before[u])
     return b_dense * nd + b_moe * (split[s] - nd)

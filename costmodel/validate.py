@@ -599,7 +599,7 @@ def row_model(row: dict, assumed: list[str]) -> ModelSpec:
         if _TOKEN_DROP.search(f"{name} {notes}"):
             spec["moe_token_drop"] = True
     else:
-        spec.update(num_experts=0, moe_topk=0, moe_ffn_hidden=None, shared_experts=0, dense_layers=0)
+        spec.update(num_experts=0, moe_topk=0, moe_ffn_hidden=None, shared_experts=0, dense_layers=0, moe_layer_step=1)
         if ffn:
             spec["ffn_hidden"] = ffn
         elif fam is None or spec.get("num_experts"):

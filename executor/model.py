@@ -55,8 +55,8 @@ def megatron_config(model: ModelSpec, plan: ParallelPlan, *, dtype: str = "bf16"
                   moe_token_dispatcher_type="alltoall")
         if model.shared_experts:
             kw["moe_shared_expert_intermediate_size"] = model.shared_experts * model.expert_ffn
-        if model.dense_layers:
-            kw["moe_layer_freq"] = [0] * model.dense_layers + [1] * (model.layers - model.dense_layers)
+        if model.moe_layer_freq():
+            kw["moe_layer_freq"] = model.moe_layer_freq()
         kw.update(_router(model))
         if model.moe_token_drop:
             # As the emitted --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity.

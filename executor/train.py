@@ -231,7 +231,7 @@ def load_checkpoint(ckpt: Path, chunks, optimizer) -> int:
 class RoutingCounter:
     """Counts tokens routed to each expert of each MoE layer (forward hooks on the routers)."""
 
-    def __init__(self, chunks, num_layers: int, num_experts: int, dense_layers: int = 0):
+    def __init__(self, chunks, num_layers: int, num_experts: int, moe_layers: list[int]):
         import torch
 
         from megatron.core.transformer.moe.router import TopKRouter
@@ -239,7 +239,7 @@ class RoutingCounter:
         self.counts = torch.zeros(num_layers, num_experts, dtype=torch.float64)
         self.total = self.counts.clone()
         self._handles = []
-        self.moe_layers = list(range(dense_layers + 1, num_layers + 1))   # 1-based, layers with experts
+        self.moe_layers = moe_layers   # 1-based, layers with experts
         for chunk in chunks:
             for layer in chunk.module.decoder.layers:
                 router = getattr(getattr(layer, "mlp", None), "router", None)
@@ -325,7 +325,8 @@ def train(args: argparse.Namespace, after_step: Callable[[int], None] | None = N
         ckpt = None if args.resume_from == "none" else Path(args.resume_from)
     if ckpt is not None:
         start = load_checkpoint(ckpt, chunks, optimizer)
-    counter = RoutingCounter(chunks, model.layers, model.num_experts, model.dense_layers) if model.is_moe else None
+    counter = RoutingCounter(chunks, model.layers, model.num_experts,
+                             [i + 1 for i in range(model.layers) if model.is_moe_layer(i)]) if model.is_moe else None
     dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     fwd_bwd = get_forward_backward_func()
     timing = {"forward_s": 0.0}

@@ -1122,6 +1122,8 @@ def _print_models(rows: list[dict]) -> None:
             notes.append(", ".join(f"{n} {k}" for k, n in r["hybrid_layers"].items()))
         if r["dense_layers"]:
             notes.append(f"first {r['dense_layers']} dense")
+        if r["moe_layer_step"]:
+            notes.append(f"MoE every {r['moe_layer_step']} layers ({r['moe_layers']} of {r['layers']})")
         if r["mtp_layers"]:
             notes.append(f"{r['mtp_layers']} MTP")
         if r["unexpressed"]:

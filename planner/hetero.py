@@ -251,7 +251,7 @@ def _stage_table(rows, coef, keys) -> dict[str, np.ndarray]:
     return out
 
 
-def lower_bounds(tab: dict[str, np.ndarray], layers: int, dense_layers: int, m: np.ndarray,
+def lower_bounds(tab: dict[str, np.ndarray], layers: int, n_dense: int, m: np.ndarray,
                  vpp: np.ndarray) -> np.ndarray:
     """A step no split of each layout can beat, inf where no split can fit in memory.
 
@@ -263,9 +263,9 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, dense_layers: int, m: 
     valid = ~np.isnan(tab["time0"])
 
     def per_layer(kind: str) -> np.ndarray:
-        if dense_layers >= layers:
+        if n_dense >= layers:
             x = tab[f"{kind}_dense"]
-        elif dense_layers == 0:
+        elif n_dense == 0:
             x = tab[f"{kind}_moe"]
         else:
             x = np.minimum(tab[f"{kind}_dense"], tab[f"{kind}_moe"])
@@ -295,8 +295,7 @@ def _split_plan(model, row, tab_row: dict[str, np.ndarray], gbs: int, offload: f
     try:
         split = optimal_split(*(tab_row[k][sl] for k in ("time0", "time_dense", "time_moe", "mem0", "mem_dense",
                                                            "mem_moe", "capacity")),
-                              layers=model.layers, dense_layers=model.dense_layers if model.is_moe else model.layers,
-                              microbatches=num_microbatches(gbs, B, 1), vpp=vpp)
+                              dense_before=model.dense_prefix(), microbatches=num_microbatches(gbs, B, 1), vpp=vpp)
     except ValueError:
         return None
     groups = tuple(g for g, (_, _, k) in zip(order, combo) for _ in range(k))
@@ -342,7 +341,7 @@ def hetero_search(model: ModelSpec, cluster: ClusterSpec, global_batch: int, *, 
         tab = _stage_table(rows, coef, keys)
         m = np.array([num_microbatches(global_batch, r[2], 1) for r in rows], dtype=float)
         vpp = np.array([r[3] for r in rows], dtype=float)
-        lb = lower_bounds(tab, model.layers, model.dense_layers if model.is_moe else model.layers, m, vpp)
+        lb = lower_bounds(tab, model.layers, model.layers - model.moe_layers, m, vpp)
         order = np.argsort(lb, kind="stable")
         order = order[np.isfinite(lb[order])]     # layouts no split can fit are never split
         counts["can_fit"] = len(order)

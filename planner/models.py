@@ -32,6 +32,8 @@ def model_rows(text: str | None = None) -> list[dict]:
             "experts": m.num_experts or None, "moe_topk": m.moe_topk or None,
             "expert_ffn": m.expert_ffn if m.is_moe else None, "shared_experts": m.shared_experts or None,
             "dense_layers": m.dense_layers if m.is_moe and not m.hybrid_pattern else None,
+            "moe_layer_step": m.moe_layer_step if m.moe_layer_step > 1 else None,
+            "moe_layers": m.moe_layers if m.is_moe and not m.hybrid_pattern else None,
             "mtp_layers": m.mtp_layers or None,
             "hybrid_layers": {HYBRID_KINDS[k]: n for k, n in m.hybrid_counts.items() if n}
             if m.hybrid_pattern else None,

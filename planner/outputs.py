@@ -141,6 +141,18 @@ class _Flags:
     notes: list[str] = field(default_factory=list)
 
 
+def moe_layer_freq_arg(model: ModelSpec) -> str:
+    """Megatron's ``--moe-layer-freq`` for a model with dense layers among its MoE ones, as the Python list
+    expression its parser evaluates (arguments.py moe_freq_type): ``([0]*3+[1]*58)`` for leading dense layers,
+    ``([0,1]*24)`` for Llama 4 Maverick's every other layer."""
+    mask = model.moe_layer_freq()
+    first, step, k = mask.index(1), model.moe_layer_step, model.moe_layers
+    unit = "[1]" if step == 1 else "[" + ",".join(["0"] * (step - 1) + ["1"]) + "]"
+    lead, tail = first - (step - 1), model.layers - (first + 1) - (k - 1) * step
+    parts = ([f"[0]*{lead}"] if lead else []) + [f"{unit}*{k}"] + ([f"[0]*{tail}"] if tail else [])
+    return "(" + "+".join(parts) + ")"
+
+
 def architecture_flags(model: ModelSpec, *, transformer_engine: bool = True) -> tuple[list[str], list[str]]:
     """(flags, lost): the Megatron-LM flags that build ``model``'s architecture, and the facts of the model that
     no flag can state (``model.unexpressed`` first). ``megatron_args`` writes ``lost`` as one
@@ -289,8 +301,8 @@ def _moe_flags(model: ModelSpec, f: _Flags) -> None:
                 f"--moe-ffn-hidden-size {model.expert_ffn}"]
         if model.shared_experts:
             f.out.append(f"--moe-shared-expert-intermediate-size {model.shared_experts * model.expert_ffn}")
-        if model.dense_layers:
-            f.out.append(f"--moe-layer-freq ([0]*{model.dense_layers}+[1]*{model.layers - model.dense_layers})")
+        if model.moe_layer_freq():
+            f.out.append(f"--moe-layer-freq {moe_layer_freq_arg(model)}")
         f.out.append(f"--moe-router-score-function {model.moe_router_score}")
         if model.moe_router_score == "softmax":
             if not model.moe_router_norm_topk:

@@ -9,7 +9,7 @@ import pytest
 
 from costmodel.catalog import catalog, catalog_names, from_hf_config, get_model
 from costmodel.profiles import InputError
-from costmodel.specs import ModelSpec
+from costmodel.specs import ModelSpec, moe_layout
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 
@@ -52,7 +52,7 @@ def param_count(m: ModelSpec, *, active: bool = False, count_input_embedding: bo
     if m.is_moe:
         experts = (m.moe_topk if active else m.num_experts) + m.shared_experts
         moe = experts * _mlp_params(h, m.expert_ffn, m.gated_mlp) + h * m.num_experts  # + router
-        total += m.dense_layers * dense + m.moe_layers * moe
+        total += (m.layers - m.moe_layers) * dense + m.moe_layers * moe
     else:
         total += m.layers * dense
     emb = m.vocab * h
@@ -150,7 +150,7 @@ PUBLISHED_TOTAL = {
     "mt-nlg-530b": 530e9,
     # Yi-34B, Code Llama 34B and Phi-3-medium as named (34B, 34B, 14B); Gemma 2 to the parameter (its paper's
     # Table 2); GLM-4.5 / -Air, Qwen3-Coder, MiniMax-M2 by their READMEs (355B, 106B, 480B, 230B); Llama 4 Scout's
-    # 109B counts its vision encoder, which the text model leaves out.
+    # 109B counts its vision encoder, which the text model leaves out; Llama 4 Maverick's 400B its model card's.
     "yi-34b": 34e9,
     "codellama-34b": 34e9,
     "gemma-2-9b": 9.242164736e9,
@@ -161,6 +161,7 @@ PUBLISHED_TOTAL = {
     "qwen3-coder-480b-a35b": 480e9,
     "minimax-m2": 230e9,
     "llama4-scout": 109e9,
+    "llama4-maverick": 400e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -178,6 +179,7 @@ PUBLISHED_ACTIVE = {
     "dbrx": 36e9,
     "qwen3-coder-480b-a35b": 35e9,
     "llama4-scout": 17e9,
+    "llama4-maverick": 17e9,
 }
 
 
@@ -461,7 +463,8 @@ def test_hf_unknown_family_and_keys_are_named(tmp_path):
     m = from_hf_config(p)
     assert m.unexpressed == ("model_type 'new_family': an architecture the planner does not know (known: "
                              "llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, "
-                             "gpt_oss, gpt2, gpt_neox, nemotron, nemotron_h, gemma2, glm4_moe, minimax_m2)",
+                             "gpt_oss, gpt2, gpt_neox, nemotron, nemotron_h, gemma2, glm4_moe, minimax_m2, "
+                             "llama4_text)",
                              "config key 'attn_logit_softcapping'=50.0 (no mapping)")
     # A Llama whose keys are absent takes transformers' LlamaConfig defaults (rms_norm_eps 1e-6, rope_theta 1e4).
     p = _write(tmp_path, {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096,
@@ -522,11 +525,88 @@ def test_hf_missing_file_and_empty_directory(tmp_path):
 
 
 def test_hf_interleaved_moe_is_refused(tmp_path):
+    # DeepSeek's modeling code puts experts on layers i >= first_k_dense_replace with i % moe_layer_freq == 0:
+    # layers 4, 6, 8, ... then, a placement no (dense_layers, moe_layer_step) gives.
     data = json.loads((EXAMPLES / "deepseek-v3" / "config.json").read_text())
     data["moe_layer_freq"] = 2
     p = _write(tmp_path, data)
-    with pytest.raises(InputError, match="moe_layer_freq"):
+    with pytest.raises(InputError, match=r"field 'first_k_dense_replace' and 'moe_layer_freq': MoE on layers 4, 6, "):
         from_hf_config(p)
+
+
+# Llama 4 Maverick's text config as TensorRT-LLM's tests/unittest/_torch/modeling/test_modeling_llama_min_latency.py
+# restates it (LLAMA_4_MAVERICK_TWO_LAYER_CONFIG, there cut to 2 layers; the model's 48 here).
+MAVERICK_CONFIG = {
+    "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+    "text_config": {
+        "attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0, "bos_token_id": 200000,
+        "eos_token_id": [200001, 200007, 200008], "for_llm_compressor": False, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 5120, "initializer_range": 0.02, "interleave_moe_layer_step": 2, "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384, "max_position_embeddings": 1048576, "model_type": "llama4_text",
+        "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+        "num_local_experts": 128, "output_router_logits": False, "pad_token_id": 200018, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+        "torch_dtype": "bfloat16", "use_cache": True, "use_qk_norm": False, "vocab_size": 202048},
+    "vision_config": {"model_type": "llama4_vision_model"},
+}
+
+
+def test_hf_llama4_maverick_imports_to_its_catalog_entry(tmp_path):
+    m = from_hf_config(_write(tmp_path, MAVERICK_CONFIG))
+    assert m.model_copy(update={"name": "llama4-maverick"}) == get_model("llama4-maverick")
+    assert (m.moe_layers, m.moe_layer_step, m.ffn_hidden, m.expert_ffn, m.shared_experts) == (24, 2, 16384, 8192, 1)
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    # The same placement stated layer by layer (transformers' moe_layers), and Scout's every layer.
+    text = {**MAVERICK_CONFIG["text_config"], "moe_layers": list(range(1, 48, 2))}
+    del text["interleave_moe_layer_step"]
+    assert from_hf_config(_write(tmp_path, {**MAVERICK_CONFIG, "text_config": text})) == m
+    every = from_hf_config(_write(tmp_path, {**MAVERICK_CONFIG, "text_config": {
+        **MAVERICK_CONFIG["text_config"], "interleave_moe_layer_step": 1, "use_qk_norm": True}}))
+    assert (every.moe_layers, every.moe_layer_step) == (48, 1)
+    assert "a weightless L2 QK norm on the rotary layers" in every.unexpressed
+
+
+def test_hf_moe_placements_from_sparse_step_and_mlp_only_layers(tmp_path):
+    base = {"model_type": "qwen2_moe", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 704, "max_position_embeddings": 4096}
+    # Qwen2MoeDecoderLayer: experts where (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers.
+    m = from_hf_config(_write(tmp_path, {**base, "decoder_sparse_step": 3}))
+    assert (m.dense_layers, m.moe_layer_step, m.moe_layers) == (0, 3, 4)
+    m = from_hf_config(_write(tmp_path, {**base, "decoder_sparse_step": 2, "mlp_only_layers": [0, 1, 2, 3]}))
+    assert [i for i in range(12) if m.is_moe_layer(i)] == [5, 7, 9, 11]
+    with pytest.raises(InputError, match=r"field 'mlp_only_layers': MoE on layers 0, 1, 2, 3, 4, 6, \.\.\.; valid"):
+        from_hf_config(_write(tmp_path, {**base, "mlp_only_layers": [5]}))
+    with pytest.raises(InputError, match="field 'decoder_sparse_step': expected an integer >= 1"):
+        from_hf_config(_write(tmp_path, {**base, "decoder_sparse_step": 0}))
+
+
+@pytest.mark.parametrize("mask, want", [
+    ([1] * 6, {"dense_layers": 0, "moe_layer_step": 1}),
+    ([0, 0, 0, 1, 1, 1], {"dense_layers": 3, "moe_layer_step": 1}),
+    ([0, 1] * 3, {"dense_layers": 0, "moe_layer_step": 2}),
+    ([0, 0, 0, 1, 0, 1], {"dense_layers": 2, "moe_layer_step": 2}),
+    ([0, 0, 1, 0, 0, 1, 0], {"dense_layers": 0, "moe_layer_step": 3}),
+    ([1, 0, 1, 0], None),            # Megatron's integer --moe-layer-freq 2: a first MoE layer, then dense
+    ([0, 1, 1, 0], None),
+    ([0, 0, 0], None),
+])
+def test_moe_layout_round_trips_a_layer_mask(mask, want):
+    assert moe_layout(mask) == want
+    if want:
+        m = ModelSpec(name="x", layers=len(mask), hidden=256, ffn_hidden=512, heads=4, vocab=1000, seq_len=128,
+                      num_experts=4, moe_topk=1, **want)
+        assert [int(m.is_moe_layer(i)) for i in range(len(mask))] == mask
+        assert m.moe_layers == sum(mask) and list(m.dense_prefix()) == [i - sum(mask[:i]) for i in range(len(mask) + 1)]
+        assert m.moe_layer_freq() == (None if all(mask) else mask)
+
+
+def test_moe_layer_step_needs_an_moe_transformer():
+    base = dict(name="x", layers=8, hidden=256, ffn_hidden=512, heads=4, vocab=1000, seq_len=128)
+    with pytest.raises(ValueError, match="moe_layer_step=2 needs an MoE transformer"):
+        ModelSpec(**base, moe_layer_step=2)
+    with pytest.raises(ValueError, match="leaves no MoE layer"):
+        ModelSpec(**base, num_experts=4, moe_topk=1, dense_layers=5, moe_layer_step=5)
 
 
 def test_named_in_finds_catalog_models_by_a_family_alias_inside_a_longer_name():

@@ -104,6 +104,23 @@ def check_uses_the_measured_histogram(res, tmp_path, hist):
     assert routing["load"]["worst_layer_factor"] == pytest.approx(max(per_layer), rel=1e-6)
 
 
+def test_interleaved_moe_layers_train_where_the_model_places_them(tmp_path):
+    """Experts on every other layer (moe_layer_step 2, as Llama 4 Maverick): megatron-core builds MoE layers 2 and 4
+    only, the pp2 run follows the one-process curve, and routing is counted on those two layers."""
+    model = get_model("tiny-moe").model_copy(update={"moe_layer_step": 2})
+    runs = {}
+    for name, kw in (("one", {}), ("pp2", {"pp": 2})):
+        plan = ParallelPlan(global_batch=8, micro_batch=2, recompute="none", **kw)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"model": model.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}))
+        runs[name] = launch(str(path), tmp_path / name, steps=3, dtype="fp32")
+    tokens = 8 * model.seq_len
+    for res in runs.values():
+        assert res.summary["moe_layers"] == [2, 4]
+        assert all([sum(layer) for layer in row["routing_counts"]] == [2 * tokens] * 2 for row in res.metrics)
+    np.testing.assert_allclose(curves(runs["pp2"])[0], curves(runs["one"])[0], rtol=REL)
+
+
 def test_short_run_loss_falls(reference):
     loss, _ = curves(reference["tiny-gpt"])
     assert loss[0] == pytest.approx(np.log(512), rel=0.01)     # uniform prediction at the start

@@ -56,7 +56,7 @@ KNOWN_LOST = {
     **{name: [*catalog()[name].unexpressed,
               "activation geglu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"]
        for name in ("gemma-2-9b", "gemma-2-27b")},
-    **{name: list(catalog()[name].unexpressed) for name in ("phi-3-medium", "minimax-m2", "llama4-scout")},
+    **{name: list(catalog()[name].unexpressed) for name in ("phi-3-medium", "minimax-m2", "llama4-scout", "llama4-maverick")},
 }
 KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"},
                   "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}, "gemma-2-9b": {"activation"},
@@ -210,12 +210,13 @@ def megatron_facts(ns: argparse.Namespace) -> dict:
     f["num_experts"] = experts
     if experts:
         freq = ns.moe_layer_freq
-        pattern = [1] * ns.num_layers if freq == 1 else freq
-        dense = next((i for i, x in enumerate(pattern) if x), len(pattern))
-        assert len(pattern) == ns.num_layers and all(pattern[dense:]), pattern  # leading dense layers only
+        # megatron-core gpt_layer_specs: an integer k puts experts on layers i % k == 0, a list layer by layer
+        pattern = [int(i % freq == 0) for i in range(ns.num_layers)] if isinstance(freq, int) else freq
+        assert len(pattern) == ns.num_layers, pattern
         f.update(moe_topk=ns.moe_router_topk, expert_ffn=ns.moe_ffn_hidden_size or ns.ffn_hidden_size,
                  shared_experts=(ns.moe_shared_expert_intermediate_size or 0) // (ns.moe_ffn_hidden_size or 1),
-                 dense_layers=dense, moe_router_score=ns.moe_router_score_function,
+                 moe_layers_at=tuple(i for i, x in enumerate(pattern) if x),
+                 moe_router_score=ns.moe_router_score_function,
                  # moe_utils.topk_routing_with_score_function: softmax after top-k (renormalised) unless
                  # pre-softmax; sigmoid weights are renormalised for top-k > 1.
                  moe_router_norm_topk=not ns.moe_router_pre_softmax if ns.moe_router_score_function == "softmax"
@@ -263,7 +264,8 @@ def spec_facts(m: ModelSpec) -> dict:
             "linear": lambda: ("linear", rs.factor)}[rs.type]())
     if m.is_moe:
         f.update(moe_topk=m.moe_topk, expert_ffn=m.expert_ffn, shared_experts=m.shared_experts,
-                 dense_layers=m.dense_layers, moe_router_score=m.moe_router_score,
+                 moe_layers_at=tuple(i for i in range(m.layers) if m.is_moe_layer(i)),
+                 moe_router_score=m.moe_router_score,
                  moe_router_norm_topk=m.moe_router_norm_topk, moe_router_expert_bias=m.moe_router_expert_bias,
                  moe_router_topk_scaling=m.moe_router_topk_scaling, moe_router_groups=m.moe_router_groups,
                  moe_router_group_topk=m.moe_router_group_topk)
@@ -359,7 +361,8 @@ def hf_facts(cfg: dict) -> tuple[dict, set]:
         assert freq == 1
         method = k("topk_method", "greedy")
         f.update(moe_topk=k("num_experts_per_tok"), expert_ffn=k("moe_intermediate_size") or k("intermediate_size"),
-                 shared_experts=k("n_shared_experts", 0), dense_layers=k("first_k_dense_replace", 0),
+                 shared_experts=k("n_shared_experts", 0),
+                 moe_layers_at=tuple(range(k("first_k_dense_replace", 0), k("num_hidden_layers"))),
                  moe_router_score=k("scoring_func", "softmax"), moe_router_norm_topk=k("norm_topk_prob", True),
                  moe_router_expert_bias=method == "noaux_tc", moe_router_topk_scaling=k("routed_scaling_factor", 1.0),
                  moe_router_groups=k("n_group") if method == "noaux_tc" else None,
@@ -461,7 +464,7 @@ def test_pre_ampere_gpus_get_no_transformer_engine_option(tmp_path):
 
 # megatron-core accepts the architecture as the flags state it ---------------------------------------------------
 @pytest.mark.parametrize("name", ["70b", "405b", "gpt3-175b", "mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b",
-                                  "gpt-oss-120b", "nemotron4-340b"])
+                                  "gpt-oss-120b", "nemotron4-340b", "llama4-maverick"])
 def test_megatron_core_builds_the_config_the_flags_state(tmp_path, name):
     pytest.importorskip("megatron.core")
     torch = pytest.importorskip("torch")

@@ -186,20 +186,21 @@ def test_optimal_split_matches_brute_force():
         pp, layers = int(rng.integers(1, 5)), int(rng.integers(2, 10))
         if layers < pp - 2:
             continue
-        dense = int(rng.integers(0, layers + 1))
+        # any placement of the dense and MoE layers (leading dense, interleaved, ...)
+        dense_before = np.concatenate([[0], np.cumsum(rng.random(layers) < rng.uniform())])
         m, vpp = int(rng.integers(1, 12)), int(rng.integers(1, 3))
         t0, td, tm = rng.uniform(0, 2, pp), rng.uniform(0.5, 2, pp), rng.uniform(0.5, 3, pp)
         m0, md, mm, cap = rng.uniform(0, 2, pp), rng.uniform(0.1, 1, pp), rng.uniform(0.1, 2, pp), rng.uniform(3, 12, pp)
         best = np.inf
         for split in _compositions(layers, pp):
             start = np.cumsum((0,) + split[:-1])
-            nd = np.clip(dense - start, 0, split)
+            nd = dense_before[start + np.asarray(split)] - dense_before[start]
             nm = np.asarray(split) - nd
             if (m0 + md * nd + mm * nm > cap).any():
                 continue
             t = t0 + td * nd + tm * nm
             best = min(best, m * t.max() + (t.sum() - t.max()) / vpp)
-        got = optimal_split(t0, td, tm, m0, md, mm, cap, layers=layers, dense_layers=dense, microbatches=m, vpp=vpp)
+        got = optimal_split(t0, td, tm, m0, md, mm, cap, dense_before=dense_before, microbatches=m, vpp=vpp)
         assert sum(got.layers_per_stage) == layers
         if np.isfinite(best):
             assert got.fits and got.exact and got.pipeline_s == pytest.approx(best, rel=1e-12)

@@ -133,6 +133,33 @@ def test_precision_recompute_vpp_fsdp_and_moe_arguments():
         == "fp8"
 
 
+@pytest.mark.parametrize("freq, at", [
+    ("1", list(range(32))),
+    ("[0, 0, 0] + [1] * 29", list(range(3, 32))),
+    ("[0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]",
+     list(range(1, 32, 2))),
+    ("([0,1]*16)", list(range(1, 32, 2))),
+])
+def test_moe_layer_freq_patterns(freq, at):
+    text = log_text()
+    for name, value in (("num_experts", "16"), ("moe_ffn_hidden_size", "2048"), ("moe_layer_freq", freq)):
+        text = edit(text, name, value)
+    m = parse_megatron_log(text, "x.log", gpu="H100").measurement.model
+    assert [i for i in range(m.layers) if m.is_moe_layer(i)] == at
+
+
+@pytest.mark.parametrize("freq, why", [("2", "the cost model places MoE layers"),
+                                       ("[1, 0] * 16", "the cost model places MoE layers"),
+                                       ("[0, 1] * 8", r"expected an integer or a list of 0 / 1, one a layer \(32"),
+                                       ("__import__('os')", "expected an integer or a list")])
+def test_moe_layer_freq_the_model_cannot_hold_is_refused(freq, why):
+    text = log_text()
+    for name, value in (("num_experts", "16"), ("moe_ffn_hidden_size", "2048"), ("moe_layer_freq", freq)):
+        text = edit(text, name, value)
+    with pytest.raises(InputError, match=rf"^x\.log: field 'moe_layer_freq' = .*: {why}"):
+        parse_megatron_log(text, "x.log", gpu="H100")
+
+
 def test_configuration_as_yaml_without_an_argument_dump():
     """Megatron-Bridge / NeMo 2 print their configuration as YAML; the same names are read from it."""
     yaml_cfg = ["model:", "  num_layers: 32", "  hidden_size: 4096", "  ffn_hidden_size: 14336",

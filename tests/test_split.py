@@ -165,6 +165,8 @@ LLAMA_405B = get_model("405b")
 DSV3 = get_model("deepseek-v3")
 PLAN_405B = ParallelPlan(tp=8, pp=16, dp=128, global_batch=2048)
 PLAN_DSV3 = ParallelPlan(tp=2, pp=16, ep=64, dp=512, global_batch=8192)
+MAVERICK = get_model("llama4-maverick")     # MoE on every other layer, the first dense
+PLAN_MAVERICK = ParallelPlan(tp=4, pp=4, ep=64, dp=1024, global_batch=4096)
 
 
 def test_405b_pp16_split_has_lighter_edges():
@@ -231,8 +233,26 @@ def test_moe_layer_costs_and_split():
     assert max(est.stage_time_s) <= max(default.stage_time_s) + 1e-12
 
 
-@pytest.mark.parametrize("model, plan", [(LLAMA_405B, PLAN_405B), (DSV3, PLAN_DSV3)],
-                         ids=["405b", "deepseek-v3"])
+def test_interleaved_moe_layer_costs_alternate_and_stages_balance():
+    plan = PLAN_MAVERICK.model_copy(update={"recompute": "none"})
+    costs, fe, le = layer_costs(MAVERICK, CLUSTER, plan)
+    d = estimate_arrays(MAVERICK, CLUSTER, PlanArrays.from_plans([plan]))["details"]
+    dense = float(d["layer_dense_fwd_s"][0] + d["layer_dense_bwd_s"][0])
+    moe = float(d["layer_moe_fwd_s"][0] + d["layer_moe_bwd_s"][0])
+    assert dense != pytest.approx(moe)
+    assert costs == [pytest.approx(moe if i % 2 else dense) for i in range(48)]
+    # Megatron's even split: every middle stage holds 6 dense and 6 MoE layers, so they take the same time; with
+    # the same 24 MoE layers after 24 leading dense ones, stage 1 is all dense and stage 2 all MoE.
+    even = estimate(MAVERICK, CLUSTER, plan).stage_time_s
+    assert even[1] == pytest.approx(even[2], rel=1e-12)
+    lead = estimate(MAVERICK.model_copy(update={"dense_layers": 24, "moe_layer_step": 1}), CLUSTER, plan).stage_time_s
+    assert lead[1] < even[1] < lead[2]
+    assert lead[2] - lead[1] == pytest.approx(12 * (moe - dense), rel=1e-6)
+    assert even[1] - lead[1] == pytest.approx(6 * (moe - dense), rel=1e-6)
+
+
+@pytest.mark.parametrize("model, plan", [(LLAMA_405B, PLAN_405B), (DSV3, PLAN_DSV3), (MAVERICK, PLAN_MAVERICK)],
+                         ids=["405b", "deepseek-v3", "llama4-maverick"])
 def test_stage_memory_table_matches_estimate(model, plan):
     best = best_split(model, CLUSTER, plan)
     mem, cap = stage_memory_table(model, CLUSTER, best)

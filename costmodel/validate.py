@@ -101,10 +101,12 @@ _FAMILY = (*((name, name) for name in (
                # named with their size: a family's other sizes have other widths the row may leave blank
                "llama-33b", "llama-65b", "mistral-7b", "qwen2.5-32b", "qwen2.5-72b", "gpt-oss-20b", "dbrx",
                "falcon-7b", "falcon-180b", "bloom-176b", "opt-175b", "gpt-neox-20b", "yi-34b", "codellama-34b",
-               "gemma-2-9b", "gemma-2-27b", "phi-3-medium", "glm-4.5-air", "glm-4.5", "minimax-m2", "llama4-scout")),
+               "gemma-2-9b", "gemma-2-27b", "phi-3-medium", "glm-4.5-air", "glm-4.5", "minimax-m2", "llama4-scout",
+               "llama4-maverick", "mixtral-8x22b")),
            ("qwen3-30b", "qwen3-30b-a3b"), ("qwen3-235b", "qwen3-235b-a22b"), ("mixtral", "mixtral-8x7b"),
            ("nemotron-340b", "nemotron4-340b"), ("qwen2-57b", "qwen2-57b-a14b"), ("code-llama-34b", "codellama-34b"),
-           ("qwen3-coder-480b", "qwen3-coder-480b-a35b"), ("llama-4-scout", "llama4-scout"))
+           ("qwen3-coder-480b", "qwen3-coder-480b-a35b"), ("llama-4-scout", "llama4-scout"),
+           ("llama-4-maverick", "llama4-maverick"))
 # Names of families whose MLP is gated (SwiGLU / GeGLU), for a row outside the catalog's families.
 _GATED = ("llama", "qwen", "mixtral", "deepseek", "gpt-oss", "mistral", "grok", "dbrx", "gemma", "olmo", "phi-3",
           "yi-", "internlm", "baichuan", "glm-4", "chatglm", "minicpm")

@@ -103,6 +103,19 @@ def test_a_row_giving_the_columns_of_a_catalog_model_takes_its_structure(tmp_pat
     assert outside.model.learned_position_embeddings
 
 
+@pytest.mark.parametrize("name", ["LLAMA4 Maverick e128", "Llama-4-Maverick-17B-128E"])
+def test_a_maverick_row_with_its_columns_keeps_the_experts_on_every_other_layer(tmp_path, name):
+    """No column says where the experts sit: a row naming Llama 4 Maverick takes the catalog's placement (24 MoE
+    layers of 48, dense ones 16384 wide), where a row of the same shape under another name is MoE throughout."""
+    kw = dict(layers="48", hidden="5120", heads="40", kv_heads="8", vocab="202048", ffn_hidden="8192",
+              moe_experts="128", moe_topk="1", num_gpus="512", tp="4", pp="1", ep="128", dp="128", seq_len="8192",
+              global_batch="512")
+    m = _case(tmp_path, model_name=name, **kw).model
+    assert (m.moe_layers, m.ffn_hidden, m.expert_ffn, m.shared_experts) == (24, 16384, 8192, 1)
+    other = _case(tmp_path, model_name="MoE-400B", **kw).model
+    assert (other.moe_layers, other.moe_layer_step) == (48, 1)
+
+
 @pytest.mark.parametrize("blank", ["layers", "heads"])
 def test_a_row_giving_its_architecture_is_read_as_given(tmp_path, blank):
     # One blank required column with the others given still takes the catalog's value for it alone.

@@ -578,6 +578,32 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
          "meta-llama/Llama-4-Maverick-17B-128E"),
         dict(**_LLAMA_4, num_experts=128, moe_layer_step=2, unexpressed=_LLAMA_4_UNEXPRESSED),
     ),
+    # Megatron-LM's GPT-2 scaling models. Shoeybi et al. 2019, arXiv:1909.08053, Table 1 (hidden, heads, layers; 96
+    # per head) and Sec. 4.2 / 5.1 (1,024 tokens; GPT-2's 50,257 tokens padded to 51,200); the code of that release
+    # (NVIDIA/Megatron-LM mpu/transformer.py, model/gpt2_modeling.py): pre-LayerNorm, a 4h MLP with biases and the
+    # tanh GELU, learned positions, the output layer tied to the input embedding; arguments.py's defaults for
+    # LayerNorm epsilon (1e-05) and dropout (0.1). The 8.3B model the paper trained (Table 2) has 24 heads of 128
+    # instead of Table 1's 32 of 96: the scaling runs are Table 1's.
+    **{f"megatron-gpt2-{size}": (
+        (f"megatron-lm-{size}", f"megatron-{size}", f"megatron-lm-gpt2-{size}"),
+        dict(layers=layers, hidden=hidden, ffn_hidden=4 * hidden, heads=heads, vocab=51200, seq_len=1024,
+             gated_mlp=False, activation="gelu_tanh", normalization="LayerNorm", norm_epsilon=1e-5,
+             linear_bias=True, tied_embeddings=True, learned_position_embeddings=True, attention_dropout=0.1,
+             hidden_dropout=0.1),
+    ) for size, layers, hidden, heads in (("1.2b", 40, 1536, 16), ("2.5b", 54, 1920, 20), ("4.2b", 64, 2304, 24),
+                                          ("8.3b", 72, 3072, 32))},
+    # OLMoE-1B-7B (Muennighoff et al. 2024, arXiv:2409.02060; allenai/OLMoE README: 6.9B total, 1.3B active). HF
+    # allenai/OLMoE-1B-7B-0924-SFT config.json (the base model's architecture): 16 layers, 2048, 16 heads of 128
+    # (no GQA), every layer MoE with 64 experts of 1024, top-8 softmax not renormalised (norm_topk_prob false),
+    # vocab 50304, 4,096 positions, rope_theta 10000, RMSNorm 1e-05, no biases, untied; transformers'
+    # modular_olmoe.py: RMSNorm on the whole q and k projections before the heads are split.
+    "olmoe-1b-7b": (
+        ("olmoe", "olmoe-1b-7b-0924", "allenai/OLMoE-1B-7B-0924"),
+        dict(layers=16, hidden=2048, ffn_hidden=1024, heads=16, kv_heads=16, head_dim=128, vocab=50304,
+             seq_len=4096, num_experts=64, moe_topk=8, moe_ffn_hidden=1024, **_LLAMA, norm_epsilon=1e-5,
+             rotary_base=10000.0, qk_norm=True, moe_router_norm_topk=False,
+             unexpressed=("QK norm over all heads' width (q_norm / k_norm on the whole projection), not per head",)),
+    ),
     # Falcon-7B and Falcon-180B (TII 2023). HF tiiuae/falcon-7b / falcon-180B config.json as the Cerebras model
     # zoo's params_falcon_7b / 180b.yaml restate them (32 / 80 layers, 4544 / 14848 wide, 71 / 232 heads of 64,
     # 1 / 8 KV heads, 4h GELU MLP, vocab 65024, 2,048 positions, LayerNorm 1e-05, no biases, rope 10000 on the

@@ -162,6 +162,12 @@ PUBLISHED_TOTAL = {
     "minimax-m2": 230e9,
     "llama4-scout": 109e9,
     "llama4-maverick": 400e9,
+    # Megatron-LM's GPT-2 scaling models as its paper names them (Shoeybi et al. 2019, Table 1); OLMoE's README.
+    "megatron-gpt2-1.2b": 1.2e9,
+    "megatron-gpt2-2.5b": 2.5e9,
+    "megatron-gpt2-4.2b": 4.2e9,
+    "megatron-gpt2-8.3b": 8.3e9,
+    "olmoe-1b-7b": 6.9e9,
 }
 
 PUBLISHED_ACTIVE = {
@@ -180,6 +186,7 @@ PUBLISHED_ACTIVE = {
     "qwen3-coder-480b-a35b": 35e9,
     "llama4-scout": 17e9,
     "llama4-maverick": 17e9,
+    "olmoe-1b-7b": 1.3e9,
 }
 
 

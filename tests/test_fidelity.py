@@ -52,6 +52,10 @@ KNOWN_LOST = {
     "bloom-176b": ["ALiBi attention biases in place of rotary embeddings",
                    "a LayerNorm after the embedding (--embed-layernorm)"],
     "opt-175b": ["activation relu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"],
+    # Megatron-LM 2019's own tanh GELU (gelu_impl), which today's flags do not select.
+    **{f"megatron-gpt2-{size}": ["activation gelu_tanh (Megatron-LM has --swiglu, --squared-relu, --quick-geglu "
+                                 "and GELU)"] for size in ("1.2b", "2.5b", "4.2b", "8.3b")},
+    "olmoe-1b-7b": list(catalog()["olmoe-1b-7b"].unexpressed),
     "gpt-neox-20b": ["parallel attention and MLP residual (use_parallel_residual)"],
     **{name: [*catalog()[name].unexpressed,
               "activation geglu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"]
@@ -60,7 +64,8 @@ KNOWN_LOST = {
 }
 KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"},
                   "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}, "gemma-2-9b": {"activation"},
-                  "gemma-2-27b": {"activation"}}
+                  "gemma-2-27b": {"activation"},
+                  **{f"megatron-gpt2-{size}": {"activation"} for size in ("1.2b", "2.5b", "4.2b", "8.3b")}}
 
 
 # Megatron-LM's parser, restricted to the flags that shape the model ------------------------------------------

@@ -426,6 +426,8 @@ def test_plan_models_lists_every_catalog_model_with_its_size(capsys):
     assert by["405b"]["params"] == total_params(get_model("405b")) and by["405b"]["active_params"] is None
     assert abs(by["deepseek-v3"]["active_params"] - 37e9) / 37e9 < 0.05 and by["deepseek-v3"]["dense_layers"] == 3
     assert by["nemotron-3-super"]["hybrid_layers"] == {"Mamba-2": 40, "attention": 8, "MoE": 40}
+    assert (by["llama4-maverick"]["moe_layer_step"], by["llama4-maverick"]["moe_layers"]) == (2, 24)
+    assert (by["deepseek-v3"]["moe_layer_step"], by["deepseek-v3"]["moe_layers"]) == (None, 58)
     assert "ALiBi attention biases in place of rotary embeddings" in by["bloom-176b"]["unexpressed"]
 
 

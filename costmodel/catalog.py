@@ -1273,21 +1273,26 @@ def _llama4_facts(cfg: _Config, fields: dict[str, Any]) -> list[str]:
     the weightless L2 QK norm (use_qk_norm) and the query temperature of the NoPE layers (attn_temperature_tuning:
     1 below floor_scale tokens)."""
     get, layers = cfg.data.get, fields["layers"]
-    every = get("no_rope_layer_interval", 4)
-    rope = get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(layers)]
-    periodic = rope == [int((i + 1) % every != 0) for i in range(layers)]
-    where = (f"every {every}{'nd' if every == 2 else 'rd' if every == 3 else 'th'} layer" if periodic else
+    every = cfg.int_("no_rope_layer_interval", "no_rope_layer_interval", default=4)
+    if every < 1:
+        raise InputError(f"{cfg.path}: field 'no_rope_layer_interval': expected an integer >= 1, got {every}")
+    periodic = [int((i + 1) % every != 0) for i in range(layers)]
+    rope = get("no_rope_layers") or periodic
+    if not (isinstance(rope, list) and len(rope) == layers and all(type(x) is int and x in (0, 1) for x in rope)):
+        raise InputError(f"{cfg.path}: field 'no_rope_layers': expected a list of 0 / 1, one a layer ({layers}), got "
+                         f"{rope!r}")
+    where = (f"every {every}{'nd' if every == 2 else 'rd' if every == 3 else 'th'} layer" if rope == periodic else
              "layers " + ", ".join(str(i) for i, x in enumerate(rope) if not x))
-    chunk = get("attention_chunk_size")
+    chunk = cfg.int_("attention_chunk_size", "attention_chunk_size", default=None)
     facts = [f"no rotary embedding on {where} (NoPE)" + (f" and chunked attention of {chunk} tokens on the others"
                                                           if chunk else "")] if not all(rope) else []
     if fields.get("num_experts"):
         facts.append("router scores applied to the expert input (moe_apply_probs_on_input)")
     if get("use_qk_norm"):
         facts.append("a weightless L2 QK norm on the rotary layers")
-    floor = get("floor_scale", 8192)
+    floor = _number(cfg, "floor_scale", get("floor_scale", 8192))
     if get("attn_temperature_tuning", True) and not all(rope) and fields["seq_len"] > floor:
-        facts.append(f"query temperature tuning on the NoPE layers beyond {floor} tokens (attn_temperature_tuning)")
+        facts.append(f"query temperature tuning on the NoPE layers beyond {floor:g} tokens (attn_temperature_tuning)")
     return facts
 
 

@@ -573,6 +573,18 @@ def test_hf_llama4_maverick_imports_to_its_catalog_entry(tmp_path):
     assert "a weightless L2 QK norm on the rotary layers" in every.unexpressed
 
 
+@pytest.mark.parametrize("key, value, why", [
+    ("interleave_moe_layer_step", -1, "expected an integer >= 1"), ("interleave_moe_layer_step", 2.5, "expected an integer"),
+    ("moe_layers", [1, 99], r"expected a list of layer indices 0\.\.47"), ("moe_layers", [], "no MoE layer"),
+    ("no_rope_layers", "x", "expected a list of 0 / 1, one a layer"), ("no_rope_layer_interval", 0, "expected an integer >= 1"),
+    ("attention_chunk_size", "big", "expected an integer"), ("floor_scale", "a", "expected a number"),
+])
+def test_hf_llama4_bad_values_are_one_line_errors_naming_the_field(tmp_path, key, value, why):
+    text = {**MAVERICK_CONFIG["text_config"], key: value}
+    with pytest.raises(InputError, match=rf"config\.json: field .*'{key}'.*: {why}"):
+        from_hf_config(_write(tmp_path, {**MAVERICK_CONFIG, "text_config": text}))
+
+
 def test_hf_moe_placements_from_sparse_step_and_mlp_only_layers(tmp_path):
     base = {"model_type": "qwen2_moe", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
             "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000, "num_experts": 8,

@@ -325,6 +325,10 @@ def log_model(a: _Args, name: str, vocab_padded: int | None) -> ModelSpec:
     if experts:
         moe_ffn = a.int("moe_ffn_hidden_size", default=ffn)
         shared = a.int("moe_shared_expert_intermediate_size", default=0, low=0)
+        if shared % moe_ffn:
+            raise InputError(f"{a.source}: field 'moe_shared_expert_intermediate_size' = {shared}: not a multiple of "
+                             f"moe_ffn_hidden_size {moe_ffn}; the cost model holds shared experts as whole experts "
+                             f"of that width")
         spec.update(num_experts=experts, moe_topk=a.int("moe_router_topk", default=2), moe_ffn_hidden=moe_ffn,
                     shared_experts=shared // moe_ffn if shared else 0, **_moe_layer_fields(a, layers))
     if a.flag("multi_latent_attention"):

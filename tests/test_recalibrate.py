@@ -160,6 +160,17 @@ def test_moe_layer_freq_the_model_cannot_hold_is_refused(freq, why):
         parse_megatron_log(text, "x.log", gpu="H100")
 
 
+def test_a_shared_expert_width_that_is_not_whole_experts_is_refused():
+    text = log_text()
+    for name, value in (("num_experts", "16"), ("moe_ffn_hidden_size", "2048"),
+                        ("moe_shared_expert_intermediate_size", "3072")):
+        text = edit(text, name, value)
+    with pytest.raises(InputError, match=r"^x\.log: field 'moe_shared_expert_intermediate_size' = 3072: not a multiple"):
+        parse_megatron_log(text, "x.log", gpu="H100")
+    text = edit(text, "moe_shared_expert_intermediate_size", "4096")
+    assert parse_megatron_log(text, "x.log", gpu="H100").measurement.model.shared_experts == 2
+
+
 def test_configuration_as_yaml_without_an_argument_dump():
     """Megatron-Bridge / NeMo 2 print their configuration as YAML; the same names are read from it."""
     yaml_cfg = ["model:", "  num_layers: 32", "  hidden_size: 4096", "  ffn_hidden_size: 14336",

@@ -256,7 +256,9 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, n_dense: int, m: np.nd
     """A step no split of each layout can beat, inf where no split can fit in memory.
 
     Relaxation with fractional layers, every layer at its stage's cheaper kind (time and memory separately):
-    stage s holds at most (capacity_s - mem0_s) / mem-per-layer_s layers; T = the least max stage time that
+    stage s holds at most floor((capacity_s - mem0_s) / mem-per-layer_s) layers, every stage fits empty, and the
+    dense and the MoE layers, each at its cheapest stage, fit in the stages' room summed; T = the least max stage
+    time that
     places every layer; the bound is (m - 1/vpp) * T + (1/vpp) * (sum of the fixed stage times + every layer
     at the cheapest stage) + the fixed step overhead. Vectorised bisection over layouts.
     """
@@ -273,8 +275,18 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, n_dense: int, m: np.nd
 
     b, d = per_layer("time"), per_layer("mem")
     a = np.where(valid, tab["time0"], 0.0)
-    hold = np.where(valid, np.clip((tab["capacity"] - tab["mem0"]) / d, 0.0, layers), 0.0)
+    # whole layers: the float slack keeps a layer that fits to the last byte
+    hold = np.where(valid, np.clip(np.floor((tab["capacity"] - tab["mem0"]) / d + 1e-9), 0.0, layers), 0.0)
     feasible = hold.sum(axis=1) >= layers
+    # ... and all of them together: every stage within its capacity even when empty, and the dense and the MoE
+    # layers each at their cheapest stage within the stages' room summed
+    room_s = np.where(valid, tab["capacity"] - tab["mem0"], 0.0)
+    cheapest = {kind: np.where(valid, np.maximum(tab[f"mem_{kind}"], 0.0), np.inf).min(axis=1)
+                for kind in ("dense", "moe")}
+    need = (n_dense * cheapest["dense"] if n_dense else 0.0) + \
+        ((layers - n_dense) * cheapest["moe"] if layers > n_dense else 0.0)
+    empty_fits = np.where(valid, room_s >= -1e-9 * np.abs(np.where(valid, tab["capacity"], 0.0)), True).all(axis=1)
+    feasible &= empty_fits & (need <= room_s.sum(axis=1) * (1 + 1e-12))
     lo = np.where(valid, a, -np.inf).max(axis=1)
     hi = np.maximum(lo + layers * np.where(valid, b, 0.0).max(axis=1), np.where(valid, a + b * hold, 0.0).max(axis=1))
     for _ in range(60):

@@ -19,7 +19,7 @@ from costmodel.profiles import PROFILE_DIR, InputError, load_cluster
 from costmodel.specs import ClusterSpec, ModelSpec
 from costmodel.split import optimal_split, stage_coefficients
 from planner.cli import main
-from planner.hetero import _mixed_layouts, _valid_layouts, comparison, hetero_search, write_hetero_outputs
+from planner.hetero import _mixed_layouts, _valid_layouts, comparison, hetero_search, lower_bounds, write_hetero_outputs
 from planner.search import exhaustive
 
 MIXED = "a100-v100-mixed"
@@ -208,6 +208,40 @@ def test_optimal_split_matches_brute_force():
         else:
             assert not got.fits
     assert checked > 100
+
+
+def test_lower_bounds_never_rule_out_a_split_that_fits_nor_beat_it():
+    """The search splits layouts in lower-bound order and never splits one whose bound is inf: on random stage
+    tables (stages padded with NaN, dense and MoE layers placed at random, capacities from roomy to too small) a
+    layout with a split that fits has a finite bound no larger than that split's step."""
+    from costmodel.estimate import STEP_OVERHEAD_S
+
+    rng = np.random.default_rng(1)
+    checked = pruned = 0
+    for _ in range(150):
+        layers, width, n = int(rng.integers(2, 12)), int(rng.integers(1, 5)), 6
+        dense_before = np.concatenate([[0], np.cumsum(rng.random(layers) < rng.uniform())])
+        pp = rng.integers(1, width + 1, n)
+        on = np.arange(width)[None, :] < pp[:, None]
+        tab = {k: np.where(on, rng.uniform(lo, hi, (n, width)), np.nan) for k, lo, hi in (
+            ("time0", 0, 2), ("time_dense", 0.5, 2), ("time_moe", 0.5, 3), ("mem0", 0, 2), ("mem_dense", 0.1, 1),
+            ("mem_moe", 0.1, 3))}
+        tab["capacity"] = np.where(on, rng.uniform(1, 14, (n, 1)), np.nan)
+        m, vpp = rng.integers(1, 12, n).astype(float), np.ones(n)
+        lb = lower_bounds(tab, layers, int(dense_before[-1]), m, vpp)
+        for i in range(n):
+            k = int(pp[i])
+            if layers < max(k - 2, 0):
+                continue
+            got = optimal_split(*(tab[key][i, :k] for key in ("time0", "time_dense", "time_moe", "mem0", "mem_dense",
+                                                               "mem_moe", "capacity")),
+                                dense_before=dense_before, microbatches=int(m[i]), vpp=1)
+            if got.fits:
+                assert lb[i] <= got.pipeline_s + STEP_OVERHEAD_S + 1e-9
+                checked += 1
+            elif not np.isfinite(lb[i]):
+                pruned += 1
+    assert checked > 150 and pruned > 50
 
 
 def test_search_matches_brute_force_on_a_small_cluster():

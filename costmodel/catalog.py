@@ -62,9 +62,11 @@ _GEMMA_2_UNEXPRESSED = (
 _LLAMA_4 = dict(layers=48, hidden=5120, ffn_hidden=16384, heads=40, kv_heads=8, head_dim=128, vocab=202048,
                 seq_len=8192, moe_topk=1, moe_ffn_hidden=8192, shared_experts=1, **_LLAMA, norm_epsilon=1e-5,
                 rotary_base=500000.0, moe_router_score="sigmoid", moe_router_norm_topk=False)
+# What neither Llama 4 text model's fields hold; Scout's L2 QK norm and the multimodal wrapper's vision encoder are
+# added where they apply (as from_hf_config words them).
 _LLAMA_4_UNEXPRESSED = ("no rotary embedding on every 4th layer (NoPE) and chunked attention of 8192 tokens on "
-                        "the others", "router scores applied to the expert input (moe_apply_probs_on_input)",
-                        "the vision encoder")
+                        "the others", "router scores applied to the expert input (moe_apply_probs_on_input)")
+_VISION_ENCODER = "the vision encoder"
 # Grok-1 facts no ModelSpec field holds (xai-org/grok-1 model.py).
 GROK_1_UNEXPRESSED = (
     "attention logits soft-capped at 30 (30 tanh(x / 30)) and scaled by attn_output_multiplier 0.0884",
@@ -565,8 +567,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         dict(**_LLAMA_4, num_experts=16,
              rope_scaling=dict(type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                original_max_position_embeddings=8192),
-             unexpressed=(_LLAMA_4_UNEXPRESSED[0], _LLAMA_4_UNEXPRESSED[1],
-                          "a weightless L2 QK norm on the rotary layers", _LLAMA_4_UNEXPRESSED[2])),
+             unexpressed=(*_LLAMA_4_UNEXPRESSED, "a weightless L2 QK norm on the rotary layers", _VISION_ENCODER)),
     ),
     # Llama 4 Maverick (400B total, 17B active; the same model card). Megatron-Bridge's
     # Llama4Experts128ModelProvider (llama_provider.py): Scout's Llama4ModelProvider with 128 experts,
@@ -576,7 +577,7 @@ _ENTRIES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "llama4-maverick": (
         ("llama-4-maverick", "llama4-maverick-17b-128e", "llama-4-maverick-17b-128e",
          "meta-llama/Llama-4-Maverick-17B-128E"),
-        dict(**_LLAMA_4, num_experts=128, moe_layer_step=2, unexpressed=_LLAMA_4_UNEXPRESSED),
+        dict(**_LLAMA_4, num_experts=128, moe_layer_step=2, unexpressed=(*_LLAMA_4_UNEXPRESSED, _VISION_ENCODER)),
     ),
     # Megatron-LM's GPT-2 scaling models. Shoeybi et al. 2019, arXiv:1909.08053, Table 1 (hidden, heads, layers; 96
     # per head) and Sec. 4.2 / 5.1 (1,024 tokens; GPT-2's 50,257 tokens padded to 51,200); the code of that release
@@ -943,7 +944,7 @@ def from_hf_config(
     fields["name"] = parent if p.name == "config.json" and parent else p.stem
     fields.update(_architecture(cfg, model_type, fields))
     if data is not raw and isinstance(raw.get("vision_config"), dict):
-        fields["unexpressed"] += ("the vision encoder",)
+        fields["unexpressed"] += (_VISION_ENCODER,)
     if pattern is not None:
         fields.update(_nemotron_h_fields(cfg, pattern, fields))
 
@@ -1102,7 +1103,8 @@ def _moe_layer_fields(cfg: _Config) -> dict[str, int]:
                          f"num_hidden_layers={layers}")
     mask = [i >= dense for i in range(layers)]
     keys = [cfg.source["dense_layers"]] if dense else []
-    for key, moe in (("moe_layer_freq", lambda i, k: i % k == 0), ("decoder_sparse_step", lambda i, k: (i + 1) % k == 0),
+    for key, moe in (("moe_layer_freq", lambda i, k: i % k == 0),
+                     ("decoder_sparse_step", lambda i, k: (i + 1) % k == 0),
                      ("interleave_moe_layer_step", lambda i, k: (i + 1) % k == 0)):
         if data.get(key) is not None:
             step = cfg.int_(key, key)
@@ -1123,7 +1125,8 @@ def _moe_layer_fields(cfg: _Config) -> dict[str, int]:
     if fields is None:
         named = " and ".join(f"'{k}'" for k in keys) or "'num_hidden_layers'"
         moe = [i for i, x in enumerate(mask) if x]
-        where = f"MoE on layers {', '.join(map(str, moe[:6]))}{', ...' if len(moe) > 6 else ''}" if moe else "no MoE layer"
+        where = (f"MoE on layers {', '.join(map(str, moe[:6]))}{', ...' if len(moe) > 6 else ''}" if moe
+                 else "no MoE layer")
         raise InputError(f"{cfg.path}: field {named}: {where}; valid: leading dense layers, then MoE on every layer or "
                          f"on every k-th counted from 1 (layers k-1, 2k-1, ...)")
     return fields
@@ -1159,7 +1162,8 @@ _MAPPED_KEYS = {
     "qk_nope_head_dim", "v_head_dim", "head_dim", "kv_channels", "max_position_embeddings", "n_positions",
     "n_ctx", "seq_length", "max_sequence_length", "tie_word_embeddings", "hidden_act", "activation_function",
     "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
-    "mlp_only_layers", "moe_layers", "rope_theta", "rotary_emb_base", "rope_scaling", "partial_rotary_factor", "rotary_pct",
+    "mlp_only_layers", "moe_layers", "rope_theta", "rotary_emb_base", "rope_scaling", "partial_rotary_factor",
+    "rotary_pct",
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "attention_bias", "mlp_bias",
     "attention_dropout", "attn_pdrop", "hidden_dropout", "resid_pdrop", "embd_pdrop", "scoring_func",
     "topk_method", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "swiglu_limit",

@@ -397,12 +397,16 @@ class ModelSpec(FrozenSpec):
         """Layer i (from 0) holds the experts."""
         return bool(self.moe_before(i + 1) - self.moe_before(i))
 
+    def moe_mask(self) -> list[bool]:
+        """Whether each layer holds the experts, layer by layer."""
+        return np.diff(self.moe_before(np.arange(self.layers + 1))).astype(bool).tolist()
+
     def moe_layer_freq(self) -> list[int] | None:
         """Megatron's ``--moe-layer-freq`` as a list, one 0 (dense) or 1 (MoE) a layer; None when every layer is
         MoE (the default, 1) or the model is dense."""
         if not self.is_moe or self.moe_layers == self.layers:
             return None
-        return [int(self.is_moe_layer(i)) for i in range(self.layers)]
+        return [int(x) for x in self.moe_mask()]
 
     @property
     def expert_ffn(self) -> int:

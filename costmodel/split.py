@@ -309,7 +309,7 @@ def _plan_probe(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, rows
 def _unit_costs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, **kw
                 ) -> tuple[float, float, float, float]:
     """(dense layer, MoE layer, first-stage extra, last-stage extra) seconds per micro-batch."""
-    kinds = [model.is_moe_layer(i) for i in range(model.layers)]
+    kinds = model.moe_mask()
     # pp=4 probe: stage 0 (the layers before, first), 1 (empty, middle: the baseline), 2 (one layer), 3 (last);
     # stage 2's layer is the model's first dense layer, then its first MoE layer.
     # Layer 0 is the first of its kind, so the first row's stage 0 is empty.
@@ -352,7 +352,7 @@ def layer_costs(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
         moe = m_none + frac * (m_all - m_none)
     else:
         dense, moe, fe, le = _unit_costs(model, cluster, plan, **kw)
-    return [moe if model.is_moe_layer(i) else dense for i in range(model.layers)], fe, le
+    return [moe if x else dense for x in model.moe_mask()], fe, le
 
 
 def stage_memory_table(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,

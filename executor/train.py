@@ -326,7 +326,7 @@ def train(args: argparse.Namespace, after_step: Callable[[int], None] | None = N
     if ckpt is not None:
         start = load_checkpoint(ckpt, chunks, optimizer)
     counter = RoutingCounter(chunks, model.layers, model.num_experts,
-                             [i + 1 for i in range(model.layers) if model.is_moe_layer(i)]) if model.is_moe else None
+                             [i + 1 for i, moe in enumerate(model.moe_mask()) if moe]) if model.is_moe else None
     dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     fwd_bwd = get_forward_backward_func()
     timing = {"forward_s": 0.0}

@@ -258,8 +258,7 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, n_dense: int, m: np.nd
     Relaxation with fractional layers, every layer at its stage's cheaper kind (time and memory separately):
     stage s holds at most floor((capacity_s - mem0_s) / mem-per-layer_s) layers, every stage fits empty, and the
     dense and the MoE layers, each at its cheapest stage, fit in the stages' room summed; T = the least max stage
-    time that
-    places every layer; the bound is (m - 1/vpp) * T + (1/vpp) * (sum of the fixed stage times + every layer
+    time that places every layer; the bound is (m - 1/vpp) * T + (1/vpp) * (sum of the fixed stage times + every layer
     at the cheapest stage) + the fixed step overhead. Vectorised bisection over layouts.
     """
     valid = ~np.isnan(tab["time0"])
@@ -283,8 +282,7 @@ def lower_bounds(tab: dict[str, np.ndarray], layers: int, n_dense: int, m: np.nd
     room_s = np.where(valid, tab["capacity"] - tab["mem0"], 0.0)
     cheapest = {kind: np.where(valid, np.maximum(tab[f"mem_{kind}"], 0.0), np.inf).min(axis=1)
                 for kind in ("dense", "moe")}
-    need = (n_dense * cheapest["dense"] if n_dense else 0.0) + \
-        ((layers - n_dense) * cheapest["moe"] if layers > n_dense else 0.0)
+    need = n_dense * cheapest["dense"] + (layers - n_dense) * cheapest["moe"]
     empty_fits = np.where(valid, room_s >= -1e-9 * np.abs(np.where(valid, tab["capacity"], 0.0)), True).all(axis=1)
     feasible &= empty_fits & (need <= room_s.sum(axis=1) * (1 + 1e-12))
     lo = np.where(valid, a, -np.inf).max(axis=1)

@@ -574,9 +574,11 @@ def test_hf_llama4_maverick_imports_to_its_catalog_entry(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, why", [
-    ("interleave_moe_layer_step", -1, "expected an integer >= 1"), ("interleave_moe_layer_step", 2.5, "expected an integer"),
+    ("interleave_moe_layer_step", -1, "expected an integer >= 1"),
+    ("interleave_moe_layer_step", 2.5, "expected an integer"),
     ("moe_layers", [1, 99], r"expected a list of layer indices 0\.\.47"), ("moe_layers", [], "no MoE layer"),
-    ("no_rope_layers", "x", "expected a list of 0 / 1, one a layer"), ("no_rope_layer_interval", 0, "expected an integer >= 1"),
+    ("no_rope_layers", "x", "expected a list of 0 / 1, one a layer"),
+    ("no_rope_layer_interval", 0, "expected an integer >= 1"),
     ("attention_chunk_size", "big", "expected an integer"), ("floor_scale", "a", "expected a number"),
 ])
 def test_hf_llama4_bad_values_are_one_line_errors_naming_the_field(tmp_path, key, value, why):

@@ -60,7 +60,8 @@ KNOWN_LOST = {
     **{name: [*catalog()[name].unexpressed,
               "activation geglu (Megatron-LM has --swiglu, --squared-relu, --quick-geglu and GELU)"]
        for name in ("gemma-2-9b", "gemma-2-27b")},
-    **{name: list(catalog()[name].unexpressed) for name in ("phi-3-medium", "minimax-m2", "llama4-scout", "llama4-maverick")},
+    **{name: list(catalog()[name].unexpressed)
+       for name in ("phi-3-medium", "minimax-m2", "llama4-scout", "llama4-maverick")},
 }
 KNOWN_MISMATCH = {"gpt-oss-120b": {"rope_scaling"}, "kimi-k2": {"rope_scaling"}, "grok-1": {"activation"},
                   "gpt-oss-20b": {"rope_scaling"}, "opt-175b": {"activation"}, "gemma-2-9b": {"activation"},

@@ -165,7 +165,8 @@ def test_a_shared_expert_width_that_is_not_whole_experts_is_refused():
     for name, value in (("num_experts", "16"), ("moe_ffn_hidden_size", "2048"),
                         ("moe_shared_expert_intermediate_size", "3072")):
         text = edit(text, name, value)
-    with pytest.raises(InputError, match=r"^x\.log: field 'moe_shared_expert_intermediate_size' = 3072: not a multiple"):
+    with pytest.raises(InputError,
+                       match=r"^x\.log: field 'moe_shared_expert_intermediate_size' = 3072: not a multiple"):
         parse_megatron_log(text, "x.log", gpu="H100")
     text = edit(text, "moe_shared_expert_intermediate_size", "4096")
     assert parse_megatron_log(text, "x.log", gpu="H100").measurement.model.shared_experts == 2

@@ -362,9 +362,11 @@ def _values_with_units(row: dict, assumed: list[str]) -> dict:
     return out
 
 
-# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK).
+# Training stacks that are not Megatron (framework "other" in costmodel/estimate.py FRAMEWORK). NeMo AutoModel is
+# NeMo's Hugging Face path, not its Megatron one: "a PyTorch DTensor-native SPMD library" (FSDP2, with Transformer
+# Engine and DeepEP kernels; docs.nvidia.com/nemo/automodel, "About NeMo AutoModel").
 _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
-                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf"
+                 r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf|nemo[\s_-]*auto-?model"
                  r"|(hf|hugging ?face)[ -](accelerate|trainer)|\baccelerate\b")
 # Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
@@ -511,7 +513,7 @@ def framework_from_notes(row: dict) -> str:
     t = re.sub(r"[\s_]+", "-", text)
     if _names_paxml(t):
         return "paxml"
-    megatron = re.search(r"megatron|nemo|mcore", t)
+    megatron = re.search(r"megatron|nemo|mcore", t) and not re.search(r"nemo-*auto-?model", t)
     # Megatron-DeepSpeed (BigScience's and Microsoft's fork: Megatron-LM's layers under DeepSpeed's pipeline
     # and ZeRO) is DeepSpeed's stack, as a framework column naming it is read.
     if re.search(r"megatron-?deepspeed|megatron-ds(\W|$)", t) or (

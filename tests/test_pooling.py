@@ -126,6 +126,7 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
              "175B on 1024 A100, 2021 paper": "other-2022",
              "HuggingFace accelerate with FSDP, 2023": "other",
              "Megatron-FSDP, mcore 0.14": "megatron-core",
+             "NeMo AutoModel, FSDP2, 8 H100": "other",
              "Llama 3 405B, 2024": "megatron-core"}
     for text, key in notes.items():
         assert framework_of({"notes": text, "source_id": "X"}, []) == key, text
@@ -135,6 +136,7 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
                "Megatron Core": "megatron-core", "Megatron-LM v0.9": "megatron-core", "DeepSpeed": "other",
                "Megatron-DeepSpeed": "other", "torchtitan": "other", "MaxText": "other", "Pax": "paxml",
                "JAX/Paxml": "paxml", "Pax/Praxis": "paxml", "Praxis": "paxml",
+               "NeMo AutoModel": "other", "NeMo Automodel 25.09": "other",
                "Megatron-LM (2020)": "megatron-lm-2020", "megatron-lm 2021": "megatron-lm-2021"}
     for text, key in spelled.items():
         said: list[str] = []

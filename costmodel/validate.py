@@ -368,6 +368,10 @@ def _values_with_units(row: dict, assumed: list[str]) -> dict:
 _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairscale|llm-foundry|composer|gpt-neox"
                  r"|pytorch fsdp|torch fsdp|fsdp2|levanter|t5x|megablocks|veomni|openrlhf|nemo[\s_-]*auto-?model"
                  r"|(hf|hugging ?face)[ -](accelerate|trainer)|\baccelerate\b")
+# Stacks built on Megatron-LM under another name, read as megatron-core: ByteDance's MegaScale overlaps the
+# tensor / sequence-parallel, pipeline and data-parallel communication with computation as megatron-core does
+# (Jiang et al., NSDI'24, arXiv:2402.15627, Sec. 3.2).
+_MEGATRON_NAMES = r"megatron|nemo|mcore|megascale"
 # Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
@@ -475,7 +479,7 @@ def framework_named(text: str, row: dict) -> str | None:
         return "paxml"
     if "deepspeed" in t or re.search(_OTHER_STACKS, text.lower()):
         return "other"
-    if re.search(r"megatron|nemo|mcore|bridge", t):
+    if re.search(f"{_MEGATRON_NAMES}|bridge", t):
         tag = _megatron_lm_tag(t)
         if tag:
             return tag
@@ -513,7 +517,7 @@ def framework_from_notes(row: dict) -> str:
     t = re.sub(r"[\s_]+", "-", text)
     if _names_paxml(t):
         return "paxml"
-    megatron = re.search(r"megatron|nemo|mcore", t) and not re.search(r"nemo-*auto-?model", t)
+    megatron = re.search(_MEGATRON_NAMES, t) and not re.search(r"nemo-*auto-?model", t)
     # Megatron-DeepSpeed (BigScience's and Microsoft's fork: Megatron-LM's layers under DeepSpeed's pipeline
     # and ZeRO) is DeepSpeed's stack, as a framework column naming it is read.
     if re.search(r"megatron-?deepspeed|megatron-ds(\W|$)", t) or (

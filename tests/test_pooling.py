@@ -127,6 +127,7 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
              "HuggingFace accelerate with FSDP, 2023": "other",
              "Megatron-FSDP, mcore 0.14": "megatron-core",
              "NeMo AutoModel, FSDP2, 8 H100": "other",
+             "MegaScale, 175B on 12,288 GPUs, 2024": "megatron-core",
              "Llama 3 405B, 2024": "megatron-core"}
     for text, key in notes.items():
         assert framework_of({"notes": text, "source_id": "X"}, []) == key, text
@@ -136,7 +137,7 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
                "Megatron Core": "megatron-core", "Megatron-LM v0.9": "megatron-core", "DeepSpeed": "other",
                "Megatron-DeepSpeed": "other", "torchtitan": "other", "MaxText": "other", "Pax": "paxml",
                "JAX/Paxml": "paxml", "Pax/Praxis": "paxml", "Praxis": "paxml",
-               "NeMo AutoModel": "other", "NeMo Automodel 25.09": "other",
+               "NeMo AutoModel": "other", "NeMo Automodel 25.09": "other", "MegaScale": "megatron-core",
                "Megatron-LM (2020)": "megatron-lm-2020", "megatron-lm 2021": "megatron-lm-2021"}
     for text, key in spelled.items():
         said: list[str] = []

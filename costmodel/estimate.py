@@ -59,6 +59,14 @@ FRAMEWORK = {
     # all microbatches W, B actions", FSDP's post-backward called by hand).
     "other": {"tp_exposed": 1.0, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False,
               "pp_grad_overlap": False},
+    # Such a stack running asynchronous tensor parallelism: PyTorch's micro-pipelined TP (torchtitan
+    # --parallelism.enable_async_tensor_parallel, torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp:
+    # symmetric memory on the TP group and torch._inductor.config._micro_pipeline_tp) splits each all-gather /
+    # reduce-scatter into per-rank chunks pipelined against the GEMM that consumes / produces them, as Transformer
+    # Engine's userbuffers do for megatron-core, so the same share shows; XLA's collective matmul (windowed
+    # einsum, MaxText on GPU) does the same. Everything else as "other".
+    "other-async-tp": {"tp_exposed": 0.25, "dp_overlap": True, "flash": True, "p2p_exposed": 1.0, "te_ce": False,
+                       "pp_grad_overlap": False},
     # The same stacks up to 2022: attention unfused (softmax, mask and dropout through HBM on the s x s scores), as
     # Megatron-LM's own 2020-2022 generations run it. FlashAttention appeared in May 2022 (Dao et al.,
     # arXiv:2205.14135) and reached them later (PyTorch 2.0's scaled_dot_product_attention, March 2023).
@@ -719,7 +727,7 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)
     p.fsdp = col(p.zero >= 3)
-    grad_b = memory.GRAD_BYTES_CORE if c.framework in ("megatron-core", "other", "other-2022") else (
+    grad_b = memory.GRAD_BYTES_CORE if c.framework == "megatron-core" or c.framework.startswith("other") else (
         memory.GRAD_BYTES_FP16_MEGATRON_LM_2020 if model.precision == "fp16" and c.framework == "megatron-lm-2020"
         else memory.GRAD_BYTES)
     p.grad_b = max(grad_b, c.eb)

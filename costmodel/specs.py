@@ -18,7 +18,8 @@ FINETUNE: tuple[str, ...] = get_args(Finetune)
 Optimizer = Literal["adam", "muon"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 Topology = Literal["fat-tree", "rail-optimised", "torus"]
-Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other", "other-2022"]
+Framework = Literal["megatron-core", "megatron-lm-2021", "megatron-lm-2020", "paxml", "other", "other-async-tp",
+                    "other-2022"]
 Activation = Literal["swiglu", "geglu", "quick_geglu", "gelu", "gelu_tanh", "squared_relu", "relu", "silu"]
 Normalization = Literal["RMSNorm", "LayerNorm", "LayerNorm1p"]
 GATED_ACTIVATIONS = ("swiglu", "geglu", "quick_geglu")

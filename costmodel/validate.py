@@ -372,6 +372,17 @@ _OTHER_STACKS = (r"deepspeed|torchtitan|maxtext|colossal|nanotron|metaseq|fairsc
 # tensor / sequence-parallel, pipeline and data-parallel communication with computation as megatron-core does
 # (Jiang et al., NSDI'24, arXiv:2402.15627, Sec. 3.2).
 _MEGATRON_NAMES = r"megatron|nemo|mcore|megascale"
+# Asynchronous tensor parallelism named for such a stack (costmodel/estimate.py FRAMEWORK "other-async-tp"):
+# torchtitan's AsyncTP (--parallelism.enable_async_tensor_parallel), PyTorch's micro-pipelined TP, XLA's collective
+# matmul / windowed einsum; not where the text says it was off.
+_ASYNC_TP = re.compile(r"async(?:hronous)?[-_ ]?(?:tp\b|tensor[-_ ]parallel)|micro[-_ ]?pipelin\w*[-_ ]tp\b"
+                       r"|collective[-_ ]matmul|windowed[-_ ]einsum")
+_OFF_BEFORE = re.compile(r"(?:\bno|\bw/o|\bwithout|\bdisabled?)\s*$")
+_OFF_AFTER = re.compile(r"^\s*(?:[=:]\s*)?(?:false|off|disabled|0)\b|^\s+(?:was\s+)?(?:off|disabled)\b")
+# Frameworks whose tensor parallelism shards the norms' activations too (sequence parallelism) unless a row says
+# otherwise: megatron-core (Megatron-Bridge recipes turn it on with tp) and today's other stacks (torchtitan's
+# tensor-parallel plan, MegaScale on Megatron-LM); Megatron-LM before 2022 and the other stacks up to 2022 had none.
+SEQUENCE_PARALLEL_STACKS = ("megatron-core", "other", "other-async-tp")
 # Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
@@ -432,11 +443,12 @@ def _years(text: str) -> list[int]:
 
 def framework_of(row: dict, assumed: list[str]) -> str:
     """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
-    megatron-lm-2020, paxml, other, other-2022). A row that leaves it empty, or a CSV without the column (the
+    megatron-lm-2020, paxml, other, other-async-tp, other-2022). A row that leaves it empty, or a CSV without the column (the
     schema of data/validation/published_runs.csv before it had one), gets the framework its notes name
     (:func:`framework_from_notes`), and the row says so. A stack other than Megatron whose row names no year
     after 2022 (source id, notes, framework column) and at least one up to 2022 is ``other-2022``: it ran
-    before FlashAttention reached such stacks."""
+    before FlashAttention reached such stacks; one whose framework column or notes name asynchronous tensor
+    parallelism (:func:`async_tp_named`) is ``other-async-tp``."""
     said = len(assumed)
     fw = _framework_as_named(row, assumed)
     text = " ".join(row.get(c) or "" for c in ("source_id", "notes", "framework"))
@@ -447,7 +459,21 @@ def framework_of(row: dict, assumed: list[str]) -> str:
         assumed.append(f"framework=other-2022 ({raw or 'the notes'!r}: a stack other than Megatron, in "
                        f"{max(years)}: attention unfused, no sequence parallelism)")
         return "other-2022"
+    if fw == "other" and async_tp_named(" ".join(row.get(c) or "" for c in ("framework", "notes"))):
+        del assumed[said:]
+        raw = (row.get("framework") or "").strip()
+        assumed.append(f"framework=other-async-tp ({raw or 'the notes'!r} with asynchronous tensor parallelism "
+                       f"named: its collectives pipelined against the GEMMs, as megatron-core's --tp-comm-overlap)")
+        return "other-async-tp"
     return fw
+
+
+def async_tp_named(text: str) -> bool:
+    """Whether a text names asynchronous tensor parallelism (_ASYNC_TP) as on: 'AsyncTP', 'async tensor
+    parallel', 'collective matmul'; not 'no async TP', 'without AsyncTP', 'async_tp=False', 'async TP off'."""
+    t = text.lower()
+    return any(not _OFF_BEFORE.search(t[:m.start()]) and not _OFF_AFTER.search(t[m.end():])
+               for m in _ASYNC_TP.finditer(t))
 
 
 def _framework_as_named(row: dict, assumed: list[str]) -> str:
@@ -831,10 +857,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
         sp = named
         assumed.append(f"sequence_parallel={sp} (from the name or notes)")
     else:
-        # Tensor parallelism without sequence parallelism is Megatron-LM before 2022 (its own frameworks here);
-        # megatron-core turns it on with tp (Megatron-Bridge recipes) and other stacks shard the norms'
-        # activations the same way (torchtitan's tensor-parallel plan, MegaScale on Megatron-LM).
-        sp = framework in ("megatron-core", "other") and tp > 1   # other-2022: before sequence parallelism
+        sp = framework in SEQUENCE_PARALLEL_STACKS and tp > 1
         assumed.append(f"sequence_parallel={sp}")
     rc_text = (row.get("recompute") or "").strip().lower()
     rc_raw = recompute_named(rc_text)
@@ -1389,7 +1412,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
     cluster = row_cluster(row, profile)
     plan, known = row_plan(row, model, framework, assumed)
     # megatron-core's unpublished vp is searched regardless; another stack's where the row says it interleaved.
-    looped = interleaving_stack(row, framework == "other") if plan.pp > 1 else None
+    looped = interleaving_stack(row, framework in ("other", "other-async-tp")) if plan.pp > 1 else None
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
     if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
         assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]
@@ -1574,7 +1597,7 @@ def degree_options(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
             rest, left = divmod(gpus, t * q * plan.cp)
             if left or rest < 1 or (t, q) == (plan.tp, plan.pp):
                 continue
-            sp = t > 1 and plan.framework in ("megatron-core", "other")
+            sp = t > 1 and plan.framework in SEQUENCE_PARALLEL_STACKS
             cand = plan.model_copy(update={"tp": t, "pp": q, "dp": rest, "vpp": 1, "layers_per_stage": None,
                                            "sequence_parallel": sp})
             if not violations(model, cand, gpus):

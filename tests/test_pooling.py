@@ -157,7 +157,7 @@ def test_framework_column_or_the_notes_name_the_stack(tmp_path):
     said = []
     assert framework_of({"framework": "JAX"}, said) == "other" and said == [
         "framework=other ('JAX' is none of megatron-core, megatron-lm-2021, megatron-lm-2020, paxml, other, "
-        "other-2022: modelled as a stack without Megatron's overlaps)"]
+        "other-async-tp, other-2022: modelled as a stack without Megatron's overlaps)"]
     # A column that says it does not know ('unknown', 'n/a') is read as blank: the notes name the stack.
     for text in ("unknown", "N/A", "-"):
         said = []
@@ -518,3 +518,38 @@ def test_a_factor_said_not_to_move_a_run_leaves_its_prediction_unchanged(cases):
         assert (~moves).sum() > 0 or name == "gemm_efficiency"
     assert moved_somewhere == {"fp8_gemm_efficiency", "fp4_gemm_efficiency", "moe_overhead", "a2a_time",
                                "gemm_efficiency"}
+
+
+def test_a_stack_running_async_tensor_parallelism_hides_its_tp_collectives_as_megatron_core_does(tmp_path):
+    """A non-Megatron row whose notes name asynchronous tensor parallelism (torchtitan's AsyncTP, XLA's collective
+    matmul) is framework other-async-tp: its tensor-parallel collectives are priced with megatron-core's exposed
+    share (0.25) instead of in full, everything else as any other stack; said off, or at tp 1, nothing changes."""
+    import csv
+
+    from costmodel.estimate import FRAMEWORK
+    from costmodel.validate import predict_case
+
+    assert {k: v for k, v in FRAMEWORK["other-async-tp"].items() if k != "tp_exposed"} == \
+        {k: v for k, v in FRAMEWORK["other"].items() if k != "tp_exposed"}
+    assert FRAMEWORK["other-async-tp"]["tp_exposed"] == FRAMEWORK["megatron-core"]["tp_exposed"] == 0.25
+    base = next(r for r in csv.DictReader(DATA.open()) if r["source_id"] == "DGXC_BENCH_24.11.1"
+                and r["model_name"] == "Llama3.1-70B" and r["num_gpus"] == "512" and r["precision"] == "bf16")
+    base = {**base, "framework": "torchtitan", "pp": "1", "vp": "", "tp": "8", "dp": "64",
+            "zero_stage_or_distopt": "FSDP", "recompute": "full", "notes": "2024"}
+    rows = [{**base, "notes": "FSDP + TP + AsyncTP, 2024"}, base,
+            {**base, "notes": "FSDP + TP without AsyncTP, 2024"},
+            {**base, "framework": "MaxText", "notes": "XLA collective matmul on, 2024"},
+            {**base, "tp": "1", "dp": "512", "notes": "FSDP + AsyncTP, 2024"},
+            {**base, "tp": "1", "dp": "512"}]
+    cases, errors = load_cases(write_rows(tmp_path / "async_tp.csv", rows))
+    assert errors == []
+    assert [c.plan.framework for c in cases] == ["other-async-tp", "other", "other", "other-async-tp",
+                                                 "other-async-tp", "other"]
+    assert any(a.startswith("framework=other-async-tp ('torchtitan' with asynchronous tensor parallelism named")
+               for a in cases[0].assumed)
+    assert all(c.plan.sequence_parallel == (c.plan.tp > 1) for c in cases)
+    t = [predict_case(c)["predicted_step_time_s"] for c in cases]
+    assert t[1] == t[2] and t[0] == t[3]
+    # tp 8 inside an NVLink domain: the hidden collectives are a few percent of a fully recomputed 70B step
+    assert 0.85 < t[0] / t[1] < 0.99
+    assert t[4] == t[5]

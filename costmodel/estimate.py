@@ -691,19 +691,70 @@ def _offload_exposed(c: SimpleNamespace, lt: SimpleNamespace, st: SimpleNamespac
     time, out while the next layer computes its forward and back in before the layer's own backward
     (Transformer Engine's CPU-offload handler behind megatron-core --cpu-offloading, which prefetches one
     layer ahead); a copy that takes longer than the layer it hides behind shows. Infinite without a known host
-    link."""
+    link.
+
+    On a GPU whose host link also carries its network traffic (HardwareProfile.host_link_shared_with_network: a
+    PCIe GPU) a Megatron-FSDP plan whose shard group spans nodes gathers each layer's weights (and in the backward
+    reduce-scatters its gradients) over the NIC while the layer computes, and those bytes cross the same PCIe link
+    as the offload copies: the link then needs (offload + network bytes) / link rate a layer, and what that takes
+    beyond the layer shows (:func:`_fsdp_layer_nic_bytes`). A layer whose network time outlasts it is FSDP's
+    exposure (:func:`dp_tail`, the longer of the stage and its network time), so the step is at least the link's
+    time, the network's and the layers' with their own copies, and no faster network makes it slower."""
     k_dense, k_moe = st.k_off_dense, st.k_off_moe
     if not (k_dense.any() or k_moe.any()):
         return np.zeros_like(k_dense), np.zeros_like(k_dense)
     link = c.prof.host_link_bandwidth_bytes_per_s
-    bw = (link.value if link is not None else 0.0) / (c.eb / 2.0)   # in 2-byte-activation bytes per second
+    rate = link.value if link is not None else 0.0
+    bw = rate / (c.eb / 2.0)   # in 2-byte-activation bytes per second
     b_dense, b_moe = _layer_activation_bytes(c)
     with np.errstate(divide="ignore"):
         t_dense, t_moe = b_dense / bw, b_moe / bw
     col = _col
-    exp_f = (k_dense * col(np.maximum(t_dense - lt.dense_f, 0.0)) + k_moe * col(np.maximum(t_moe - lt.moe_f, 0.0)))
-    exp_b = (k_dense * col(np.maximum(t_dense - lt.dense_b, 0.0)) + k_moe * col(np.maximum(t_moe - lt.moe_b, 0.0)))
+    shared = c.prof.host_link_shared_with_network and rate > 0
+    nic = _fsdp_layer_nic_bytes(c) if shared else {}
+
+    def shown(t_off, layer_s, key):
+        alone = np.maximum(t_off - layer_s, 0.0)
+        return np.maximum(alone, t_off + nic[key] / rate - layer_s) if shared else alone
+
+    exp_f = k_dense * col(shown(t_dense, lt.dense_f, "dense_f")) + k_moe * col(shown(t_moe, lt.moe_f, "moe_f"))
+    exp_b = k_dense * col(shown(t_dense, lt.dense_b, "dense_b")) + k_moe * col(shown(t_moe, lt.moe_b, "moe_b"))
     return exp_f, exp_b
+
+
+def _fsdp_layer_nic_bytes(c: SimpleNamespace) -> dict[str, np.ndarray]:
+    """Bytes one GPU's NIC moves each way for one layer of a Megatron-FSDP plan: the weight gather (forward,
+    ``*_f``), the gather and the gradient reduce-scatter (backward, ``*_b``), dense and MoE layers apart. A
+    collective over S ranks, k of them in each NVLink domain, brings each rank the (S - k) / S of the layer held in
+    other domains, and NCCL spreads that over the k ranks' NICs (rings entering and leaving each domain at
+    different ranks): B (S - k) / (S k) of B gathered bytes. Zero where the plan does not shard its weights
+    (ZeRO < 3) or a shard group stays inside one domain."""
+    model = c.model
+    zero3 = np.asarray(c.a.zero_stage) >= 3
+    grad_b = max(_grad_bytes(c), c.eb)
+
+    def crossing(params, size, k, n_dom):
+        return np.where(zero3 & (n_dom > 1), params * (size - k) / (size * k), 0.0)
+
+    def layer(dense_params, expert_params):
+        dense = crossing(dense_params / c.tp, c.sh, c.sh_k, c.sh_N)
+        expert = crossing(expert_params / (c.ep * c.etp), c.sh_e, c.sh_e_k, c.sh_e_N)
+        gather = (dense + expert) * c.eb
+        return gather, gather + c.wgrad * (dense + expert) * grad_b
+
+    out = dict(zip(("dense_f", "dense_b"), layer(layer_params(model, False)["dense"], 0.0)))
+    lp_moe = layer_params(model, True) if model.is_moe else {"dense": 0.0, "expert": 0.0}
+    out.update(zip(("moe_f", "moe_b"), layer(lp_moe["dense"], lp_moe["expert"])))
+    return out
+
+
+def _grad_bytes(c: SimpleNamespace) -> float:
+    """Bytes a gradient element takes in the buffer the data-parallel reduce moves (costmodel/memory.py)."""
+    if c.framework == "megatron-core" or c.framework.startswith("other"):
+        return memory.GRAD_BYTES_CORE
+    if c.model.precision == "fp16" and c.framework == "megatron-lm-2020":
+        return memory.GRAD_BYTES_FP16_MEGATRON_LM_2020
+    return memory.GRAD_BYTES
 
 
 def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
@@ -727,10 +778,7 @@ def stage_params(c: SimpleNamespace, st: SimpleNamespace) -> SimpleNamespace:
     distopt = a.distributed_optimizer | (p.zero >= 1)
     p.dist = col(distopt)
     p.fsdp = col(p.zero >= 3)
-    grad_b = memory.GRAD_BYTES_CORE if c.framework == "megatron-core" or c.framework.startswith("other") else (
-        memory.GRAD_BYTES_FP16_MEGATRON_LM_2020 if model.precision == "fp16" and c.framework == "megatron-lm-2020"
-        else memory.GRAD_BYTES)
-    p.grad_b = max(grad_b, c.eb)
+    p.grad_b = max(_grad_bytes(c), c.eb)
     p.shard = np.where(p.dist, col(c.sh), 1.0)
     p.shard_e = np.where(p.dist, col(c.sh_e), 1.0)
     return p

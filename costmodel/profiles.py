@@ -254,6 +254,11 @@ class HardwareProfile(FrozenSpec):
     """Unidirectional bandwidth between one GPU and host memory (PCIe, or NVLink-C2C on Grace superchips, shared
     by the GPUs of a superchip): what activation offloading (recompute='offload') streams over. None: not
     known, and plans do not offload on this GPU."""
+    host_link_shared_with_network: bool = False
+    """Whether the GPU's network traffic to and from its NIC crosses the host link too: true on a PCIe GPU, whose
+    one x16 interface carries its GPUDirect RDMA traffic (the NIC sits on the GPU's PCIe switch, "PIX" in
+    nvidia-smi topo -m on DGX / HGX systems) as well as its host copies; false on a Grace superchip, whose host
+    traffic has NVLink-C2C to itself. Activation offloading then shares the link with Megatron-FSDP's gathers."""
     host_memory_bytes: Sourced | None = None
     """Host (CPU) memory per GPU in the reference system (system memory / GPUs per node, or per superchip):
     what activation offloading may fill (costmodel.memory.HOST_USABLE_FRACTION of it). None: not checked."""

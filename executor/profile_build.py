@@ -34,6 +34,9 @@ NO_NIC = "ASSUMPTION_NO_SCALE_OUT"
 REF_DIM = 8192.0
 # Share of MemAvailable/MemTotal taken as usable by the training processes, at most.
 MAX_USABLE_HOST_MEMORY = 0.9
+# Fastest PCIe link a GPU has to its host, each way: Gen6 x16 (128 GB/s; Gen5 x16 64 GB/s, the H100 / B200 datasheets'
+# 128 GB/s both ways). A measured host link at or above it is NVLink-C2C (Grace: 225-450 GB/s each way).
+PCIE_LINK_MAX_BYTES_PER_S = 128e9
 
 
 # Output tile of the GPU GEMM kernels (cuBLAS / CUTLASS Hopper and Ampere bf16 kernels tile the output in
@@ -239,8 +242,11 @@ def _host_side(res: dict) -> dict:
     rate on each GPU's share of the cores, so the cost model takes all of it (host_stream_fraction 1.0, where
     a datasheet figure gets costmodel.compute.HOST_STREAM_FRACTION)."""
     hr, ws = res["host_rates"], res["config"]["world_size"]
-    out = {"host_link_bandwidth_bytes_per_s": {"value": float(min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"])),
-                                               "source": MEASURED},
+    link = float(min(hr["h2d_bytes_per_s"], hr["d2h_bytes_per_s"]))
+    out = {"host_link_bandwidth_bytes_per_s": {"value": link, "source": MEASURED},
+           # A PCIe link carries the GPU's network traffic too; NVLink-C2C (225-450 GB/s each way) is the host's
+           # alone. No PCIe x16 link reaches PCIE_LINK_MAX_BYTES_PER_S.
+           "host_link_shared_with_network": link < PCIE_LINK_MAX_BYTES_PER_S,
            "host_memory_bytes": {"value": float(res["memory_total_bytes"] // ws), "source": HOST_MEMORY}}
     if "adam_bytes_per_s" in hr:   # (not where torch has no fused CPU AdamW: the optimizer is then not offloaded)
         out.update(host_memory_bandwidth_bytes_per_s={"value": float(hr["adam_bytes_per_s"]), "source": MEASURED},

@@ -185,3 +185,28 @@ def test_plan_check_without_a_host_link_is_a_one_line_error(tmp_path, capsys):
                "offload"])
     err = capsys.readouterr().err
     assert rc == 2 and "has no host_link_bandwidth_bytes_per_s" in err and err.count("\n") == 1
+
+
+def test_offloading_shares_a_pcie_link_with_fsdps_network_traffic_and_not_a_c2c_one():
+    """On a PCIe GPU the host link also carries the GPU's GPUDirect RDMA traffic: a Megatron-FSDP plan whose shard
+    group spans nodes gathers (and reduce-scatters) each layer over the NIC while the offload copies cross the same
+    link, so what both need beyond the layer shows. Llama 3.1 405B at tp4 over 128 FSDP ranks on 512 H100 (the
+    planner's pick before): no offload time alone, 4.6 s of a 38.5 s step together; the same plan with ZeRO-1,
+    or on a profile whose host link is its own (Grace's C2C), is unchanged."""
+    from costmodel.profiles import load_cluster
+
+    model, cluster = get_model("405b"), load_cluster(ROOT / "hardware_profiles" / "clusters" / "h100x512.yaml")
+    assert [load_profile(g).host_link_shared_with_network for g in ("H100", "B200", "A100-80GB", "GB200", "GH200")] \
+        == [True, True, True, False, False]
+    shared = load_profile("H100")
+    own = shared.model_copy(update={"host_link_shared_with_network": False})
+    fsdp = ParallelPlan(tp=4, pp=1, dp=128, sequence_parallel=True, micro_batch=1, global_batch=512,
+                        recompute="offload", zero_stage=3)
+    alone, both = estimate(model, cluster, fsdp, profile=own), estimate(model, cluster, fsdp, profile=shared)
+    assert alone.breakdown_s["offload"] == 0.0
+    assert 4.0 < both.breakdown_s["offload"] < 5.5
+    assert both.step_time_s - alone.step_time_s == pytest.approx(both.breakdown_s["offload"], rel=0.1)
+    # Weights kept whole on each rank (the distributed optimizer): nothing crosses the NIC per layer.
+    zero1 = fsdp.model_copy(update={"tp": 8, "dp": 64, "zero_stage": 1})
+    assert estimate(model, cluster, zero1, profile=own).breakdown_s == \
+        estimate(model, cluster, zero1, profile=shared).breakdown_s

@@ -322,6 +322,10 @@ def test_a_gpu_profile_measures_its_host_side_so_offloaded_plans_are_priced_from
     path.write_text(yaml.safe_dump(data))
     prof = load_profile(str(path))
     assert prof.host_link_bandwidth_bytes_per_s.value == 24e9 and prof.host_stream_fraction == 1.0
+    # 24 GB/s is a PCIe link, which the GPU's network traffic crosses too; a Grace host's C2C rate is its own.
+    assert prof.host_link_shared_with_network
+    grace = dict(raw, host_rates={**raw["host_rates"], "h2d_bytes_per_s": 210e9, "d2h_bytes_per_s": 205e9})
+    assert measured_profile(grace, "gb", "c", nt.import_logs([H100_LOG], "d"))["host_link_shared_with_network"] is False
     assert prof.host_memory_bandwidth_bytes_per_s.value == 50e9 and prof.host_memory_bytes.value == 256 * GIB
     assert "CPU Adam step over 64M fp32 parameters" in prof.gap_model and "node1" in prof.sources["HOST_MEMORY"]
     assert missing_host_fields(str(path)) == []

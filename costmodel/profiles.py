@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.specs import ClusterSpec, FrozenSpec, InterNodeFabric
 
@@ -647,6 +647,58 @@ def load_profile(name_or_path: str, root: Path = PROFILE_DIR) -> HardwareProfile
         raise InputError(f"ambiguous GPU type {name_or_path!r}: it could be {', '.join(h.name for h in hits)}; "
                          f"name one of them")
     raise InputError(f"unknown GPU type {name_or_path!r}; valid: {', '.join(names)}")
+
+
+INSTANCES_FILE = PROFILE_DIR / "instances.yaml"
+
+
+class InstanceNetwork(BaseModel):
+    """A cloud instance type's GPU network (hardware_profiles/instances.yaml): ``gpus`` GPUs moving
+    ``gpu_network_bytes_per_s`` between instances, each way, as the cited source states."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    gpus: int = Field(ge=1)
+    gpu_network_bytes_per_s: float = Field(gt=0)
+    source: str
+
+    @property
+    def per_gpu_bytes_per_s(self) -> float:
+        return self.gpu_network_bytes_per_s / self.gpus
+
+
+def instance_networks(path: Path = INSTANCES_FILE) -> tuple[InstanceNetwork, ...]:
+    """The instance types of ``path``, each with a source id the file's ``sources`` table defines."""
+    return _parse_instances(path, *file_version(path))
+
+
+@lru_cache(maxsize=4)
+def _parse_instances(path: Path, _mtime_ns: int, _size: int) -> tuple[InstanceNetwork, ...]:
+    data = _read_yaml(path)
+    sources = data.get("sources") or {}
+    out = []
+    for i, entry in enumerate(data.get("instances") or []):
+        try:
+            item = InstanceNetwork.model_validate(entry)
+        except ValidationError as err:
+            raise InputError(f"{path}: instances[{i}]: {validation_line(err)}") from None
+        if item.source not in sources:
+            raise InputError(f"{path}: instances[{i}] ({item.name}): source {item.source!r} is not in the sources "
+                             f"table; valid: {', '.join(sorted(sources)) or '(none)'}")
+        out.append(item)
+    return tuple(out)
+
+
+def instance_named(text: str) -> InstanceNetwork | None:
+    """The instance type a text names (``p4d.24xlarge``, ``AWS p4de``, ``a3-megagpu-8g``; a family name without
+    its size, ``p4d``, counts), case and punctuation aside; None where it names none."""
+    words = re.findall(r"[a-z0-9]+(?:[._-][a-z0-9]+)*", text.lower())
+    for inst in instance_networks():
+        full = inst.name.lower()
+        family = full.split(".")[0]
+        if any(w == full or (w == family and "." in full) for w in words):
+            return inst
+    return None
 
 
 def gpu_label(gpu: str) -> str:

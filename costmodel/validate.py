@@ -23,7 +23,8 @@ from costmodel.compute import gemm_dtype
 from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
-from costmodel.profiles import HardwareProfile, InputError, cluster_of, load_profile, read_text, server_gpus
+from costmodel.profiles import (HardwareProfile, InputError, cluster_of, instance_named, load_profile, read_text,
+                                server_gpus)
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, even_split, node_replicas
 from costmodel.specs import HYBRID_KINDS, INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
 
@@ -812,9 +813,85 @@ def precision_of(raw: str, assumed: list[str], context: str = "") -> str:
     return text
 
 
-def row_cluster(row: dict, profile: HardwareProfile) -> ClusterSpec:
+# Links a network description may count, by the InfiniBand generation or fabric that names their rate (Gb/s).
+_LINK_GBPS = {"fdr": 56.0, "edr": 100.0, "hdr100": 100.0, "hdr": 200.0, "ndr200": 200.0, "ndr": 400.0, "xdr": 800.0,
+              "omni-path": 100.0, "omnipath": 100.0, "opa": 100.0, "slingshot": 200.0,
+              # ConnectX adapters at their generation's port rate: 4 and 5 EDR, 6 HDR, 7 NDR, 8 XDR.
+              "connectx4": 100.0, "connectx5": 100.0, "connectx6": 200.0, "connectx7": 400.0, "connectx8": 800.0}
+_GEN = r"(?:fdr|edr|hdr|ndr|xdr|omni-?path|opa|slingshot|connectx-?[4-8]|cx-?[4-8])"
+# A rate and its unit in bits (Gb/s, Gbps, Gbit, "400G"; Tb/s): "GB/s" is bytes and names no network rate here.
+_UNIT = r"(?:tbps|tb/s|tbit/s|gbps|gb/s|gbit/s|gbit|g\b)"
+# "8x HDR-200", "8x 200Gb/s HDR", "4x 100 Gbps EFA", "8 x NDR400", "8x ConnectX-7 400Gb/s", "4 OmniPath links",
+# "8 HDR HCAs": a count of links (with an x before a bare rate), the generation or rate of each.
+_COUNT = r"(?<![\w.-])(?P<count>\d+)(?!\d)"
+_ADAPTER = r"(?:(?:connectx|cx)-?\d+\s*)?"
+_LINKS = re.compile(rf"{_COUNT}\s*(?:[x\u00d7]\s*(?:{_ADAPTER}(?P<rate>\d+(?:\.\d+)?)\s*(?P<unit>{_UNIT})\s*)?)?"
+                    rf"(?:(?P<gen>{_GEN})(?:[-\s]?(?P<genrate>\d+)(?:\s*{_UNIT})?)?)?(?=(?P<tail>[^;,.]{{0,40}}))")
+_NETWORK_WORDS = re.compile(r"infiniband|\bib\b|roce|efa|ethernet|\bnics?\b|\bhcas?\b|network|interconnect|"
+                            r"omni-?path|\bopa\b|slingshot|rdma|connectx|\bcx-?\d|\b(?:fdr|edr|hdr|ndr|xdr)"
+                            r"|\blinks?\b|\bports?\b|adapters?\b")
+# A rate with a unit that names no count: an aggregate per node, or a rate per GPU, as the words beside it say.
+_QUALIFIED = re.compile(rf"(?P<rate>\d+(?:\.\d+)?)\s*(?P<unit>{_UNIT})(?P<tail>[^;,.]{{0,40}})")
+
+
+def network_named(text: str) -> tuple[float, bool, str] | None:
+    """The scale-out network a row's text states: (bits per second, per GPU or not, the phrase), or None. A count
+    of links ('8x HDR-200', '8x 200Gb/s HDR', '4x 100 Gbps EFA', '4 OmniPath links', '8 NDR HCAs') is that many
+    links per node unless 'per GPU' follows; a rate without a count counts only with 'per GPU' or 'per node' /
+    'per instance' / 'per server' beside it, or in Tb/s or above 800 Gb/s (a node's aggregate): '400 Gb/s
+    InfiniBand' alone may be either. Only where a network word (InfiniBand, RoCE, EFA, NIC, HCA, an IB generation, link, ...) is near."""
+    text = text.lower()
+    for m in _LINKS.finditer(text):
+        phrase = (m.group(0) + m.group("tail")).strip()
+        if not (m.group("rate") or m.group("gen")) or not _NETWORK_WORDS.search(phrase):
+            continue
+        count = float(m.group("count"))
+        if m.group("rate"):
+            gbps = float(m.group("rate")) * (1000.0 if m.group("unit").startswith("t") else 1.0)
+        else:
+            gen, rate = re.sub(r"^cx", "connectx", m.group("gen").replace("-", "")), m.group("genrate")
+            # HDR-200 names HDR's own rate; HDR100 and NDR200 are the half-rate ports.
+            gbps = _LINK_GBPS[gen + rate] if rate and gen + rate in _LINK_GBPS else (
+                float(rate) if rate else _LINK_GBPS[gen])
+        per_gpu = bool(re.search(r"per\s+gpu|/\s*gpu|each\s+gpu", m.group("tail")))
+        return count * gbps * 1e9, per_gpu, phrase
+    for m in _QUALIFIED.finditer(text):
+        around = text[max(0, m.start() - 40):m.end()]
+        if not _NETWORK_WORDS.search(around):
+            continue
+        tail, tera = m.group("tail"), m.group("unit").startswith("t")
+        gbps = float(m.group("rate")) * (1000.0 if tera else 1.0)
+        if re.search(r"per\s+gpu|/\s*gpu|each\s+gpu", tail):
+            return gbps * 1e9, True, m.group(0).strip()
+        # Tb/s, or more than one link carries (XDR's 800 Gb/s), is a node's aggregate.
+        if re.search(r"per\s+(?:node|instance|server|host|vm|machine)", tail) or tera or gbps > _LINK_GBPS["xdr"]:
+            return gbps * 1e9, False, m.group(0).strip()
+    return None
+
+
+def row_cluster(row: dict, profile: HardwareProfile, assumed: list[str] | None = None) -> ClusterSpec:
+    """The cluster a row ran on (costmodel.profiles.cluster_of): ``profile``'s GPUs in the row's servers, on the
+    network its notes or GPU column state (a cloud instance type of hardware_profiles/instances.yaml, or links and
+    rates, :func:`network_named`), else the profile's reference NIC; a network so read is said in ``assumed``."""
     num_gpus = _int(row["num_gpus"])
-    return cluster_of(f"{row['gpu_type']}x{num_gpus}", profile, num_gpus, _int(row.get("gpus_per_node", "")))
+    cluster = cluster_of(f"{row['gpu_type']}x{num_gpus}", profile, num_gpus, _int(row.get("gpus_per_node", "")))
+    text = " ".join(row.get(c) or "" for c in ("gpu_type", "notes"))
+    inst = instance_named(text)
+    if inst is not None:
+        nic, why = inst.per_gpu_bytes_per_s, (f"{inst.name}: {inst.gpu_network_bytes_per_s * 8 / 1e9:,.0f} Gb/s over "
+                                              f"its {inst.gpus} GPUs, hardware_profiles/instances.yaml")
+    else:
+        named = network_named(row.get("notes") or "")
+        if named is None:
+            return cluster
+        bits, per_gpu, phrase = named
+        nic = bits / 8 / (1 if per_gpu else cluster.gpus_per_node)
+        why = f"from the notes, {phrase!r}" + ("" if per_gpu else f", over {cluster.gpus_per_node} GPUs a node")
+    if assumed is not None and nic != cluster.inter_node.nic_bandwidth_bytes_per_s:
+        assumed.append(f"nic={nic * 8 / 1e9:g} Gb/s per GPU ({why}; the {profile.name} profile's reference system "
+                       f"has {cluster.inter_node.nic_bandwidth_bytes_per_s * 8 / 1e9:g})")
+    fabric = cluster.inter_node.model_copy(update={"nic_bandwidth_bytes_per_s": nic})
+    return cluster.model_copy(update={"inter_node": fabric})
 
 
 def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) -> tuple[ParallelPlan, bool]:
@@ -1409,7 +1486,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
         rate = profile.rate_dtype(gemm_dtype(model.precision))
         assumed.append(f"precision={model.precision} priced at {rate} rates ({profile.name} has no "
                        f"{model.precision} tensor cores)")
-    cluster = row_cluster(row, profile)
+    cluster = row_cluster(row, profile, assumed)
     plan, known = row_plan(row, model, framework, assumed)
     # megatron-core's unpublished vp is searched regardless; another stack's where the row says it interleaved.
     looped = interleaving_stack(row, framework in ("other", "other-async-tp")) if plan.pp > 1 else None

@@ -827,6 +827,7 @@ _COUNT = r"(?<![\w.-])(?P<count>\d+)(?!\d)"
 _ADAPTER = r"(?:(?:connectx|cx)-?\d+\s*)?"
 _LINKS = re.compile(rf"{_COUNT}\s*(?:[x\u00d7]\s*(?:{_ADAPTER}(?P<rate>\d+(?:\.\d+)?)\s*(?P<unit>{_UNIT})\s*)?)?"
                     rf"(?:(?P<gen>{_GEN})(?:[-\s]?(?P<genrate>\d+)(?:\s*{_UNIT})?)?)?(?=(?P<tail>[^;,.]{{0,40}}))")
+_NUMBER_WORDS = {"two": "2", "four": "4", "six": "6", "eight": "8", "sixteen": "16"}
 _NETWORK_WORDS = re.compile(r"infiniband|\bib\b|roce|efa|ethernet|\bnics?\b|\bhcas?\b|network|interconnect|"
                             r"omni-?path|\bopa\b|slingshot|rdma|connectx|\bcx-?\d|\b(?:fdr|edr|hdr|ndr|xdr)"
                             r"|\blinks?\b|\bports?\b|adapters?\b")
@@ -840,7 +841,7 @@ def network_named(text: str) -> tuple[float, bool, str] | None:
     links per node unless 'per GPU' follows; a rate without a count counts only with 'per GPU' or 'per node' /
     'per instance' / 'per server' beside it, or in Tb/s or above 800 Gb/s (a node's aggregate): '400 Gb/s
     InfiniBand' alone may be either. Only where a network word (InfiniBand, RoCE, EFA, NIC, HCA, an IB generation, link, ...) is near."""
-    text = text.lower()
+    text = re.sub(r"\b(two|four|six|eight|sixteen)\b", lambda w: _NUMBER_WORDS[w.group(1)], text.lower())
     for m in _LINKS.finditer(text):
         phrase = (m.group(0) + m.group("tail")).strip()
         if not (m.group("rate") or m.group("gen")) or not _NETWORK_WORDS.search(phrase):

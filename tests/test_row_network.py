@@ -27,6 +27,7 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "publish
     ("8x CX-7 400Gb/s NICs", 3200, False),
     ("8x CX7 NICs", 3200, False),
     ("GPUDirect RDMA through 4 ConnectX-6 HCAs per node", 800, False),
+    ("every GPU reaches the fabric through one of four ConnectX-6 HCAs", 800, False),
     ("3.2 Tbps EFA", 3200, False),
     ("8x H100 with 3200 Gbps EFA", 3200, False),
     ("EFA 400 Gbps per instance", 400, False),

@@ -789,8 +789,12 @@ def _named_cluster(name: str) -> tuple[ClusterSpec | None, str]:
             raise InputError(f"{name}: {n} {prof.name} do not fill servers of {gpn}; name a multiple of {gpn} "
                              f"(or write a cluster file: hardware_profiles/clusters/h100x512.yaml is one)")
         price = _shipped_price(prof)
-        return cluster_of(name.strip(), prof, n, min(n, gpn)).model_copy(
-            update={"price_per_gpu_hour_usd": price}), ""
+        cluster = cluster_of(name.strip(), prof, n, min(n, gpn))
+        inst = instance_named(m.group("gpu"))
+        if inst is not None:   # a cloud instance type: its own network (hardware_profiles/instances.yaml)
+            cluster = cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(
+                update={"nic_bandwidth_bytes_per_s": inst.per_gpu_bytes_per_s})})
+        return cluster.model_copy(update={"price_per_gpu_hour_usd": price}), ""
     return None, why
 
 

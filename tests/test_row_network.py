@@ -74,3 +74,14 @@ def test_a_row_on_a_slower_network_is_priced_on_it_and_says_so(tmp_path):
     assert said[2][0].startswith("nic=50 Gb/s per GPU (from the notes, '4x 100 gbps efa per node', over 8 GPUs a node")
     t = [predict_case(c)["predicted_step_time_s"] for c in cases]
     assert t[1] == t[2] > 1.1 * t[0] and t[3] == t[0]
+
+
+def test_a_cluster_named_by_an_instance_type_and_count_has_its_network():
+    from costmodel.profiles import load_cluster
+
+    p4d, dgx = load_cluster("p4d.24xlargex64"), load_cluster("a100-40gbx64")
+    assert (p4d.gpu, p4d.nodes, p4d.gpus_per_node) == (dgx.gpu, dgx.nodes, dgx.gpus_per_node) == ("A100-40GB", 8, 8)
+    assert (p4d.inter_node.nic_bandwidth_bytes_per_s, dgx.inter_node.nic_bandwidth_bytes_per_s) == (6.25e9, 25e9)
+    assert load_cluster("a3-megagpu-8gx256").inter_node.nic_bandwidth_bytes_per_s == 25e9
+    assert load_cluster("p5.48xlargex64").inter_node.nic_bandwidth_bytes_per_s == \
+        load_cluster("h100x64").inter_node.nic_bandwidth_bytes_per_s == 50e9

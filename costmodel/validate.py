@@ -820,7 +820,7 @@ _LINK_GBPS = {"fdr": 56.0, "edr": 100.0, "hdr100": 100.0, "hdr": 200.0, "ndr200"
               "connectx4": 100.0, "connectx5": 100.0, "connectx6": 200.0, "connectx7": 400.0, "connectx8": 800.0}
 _GEN = r"(?:fdr|edr|hdr|ndr|xdr|omni-?path|opa|slingshot|connectx-?[4-8]|cx-?[4-8])"
 # A rate and its unit in bits (Gb/s, Gbps, Gbit, "400G"; Tb/s): "GB/s" is bytes and names no network rate here.
-_UNIT = r"(?:tbps|tb/s|tbit/s|gbps|gb/s|gbit/s|gbit|g\b)"
+_UNIT = r"(?:tbps|tb/s|tbit/s|gbps|gb/s|gbit/s|gbit|gbe\b|g\b)"
 # "8x HDR-200", "8x 200Gb/s HDR", "4x 100 Gbps EFA", "8 x NDR400", "8x ConnectX-7 400Gb/s", "4 OmniPath links",
 # "8 HDR HCAs": a count of links (with an x before a bare rate), the generation or rate of each.
 _COUNT = r"(?<![\w.-])(?P<count>\d+)(?!\d)"
@@ -840,7 +840,8 @@ def network_named(text: str) -> tuple[float, bool, str] | None:
     of links ('8x HDR-200', '8x 200Gb/s HDR', '4x 100 Gbps EFA', '4 OmniPath links', '8 NDR HCAs') is that many
     links per node unless 'per GPU' follows; a rate without a count counts only with 'per GPU' or 'per node' /
     'per instance' / 'per server' beside it, or in Tb/s or above 800 Gb/s (a node's aggregate): '400 Gb/s
-    InfiniBand' alone may be either. Only where a network word (InfiniBand, RoCE, EFA, NIC, HCA, an IB generation, link, ...) is near."""
+    InfiniBand' alone may be either. Only where a network word (InfiniBand, RoCE, EFA, NIC, HCA, an InfiniBand
+    generation, link, ...) is near."""
     text = re.sub(r"\b(two|four|six|eight|sixteen)\b", lambda w: _NUMBER_WORDS[w.group(1)], text.lower())
     for m in _LINKS.finditer(text):
         phrase = (m.group(0) + m.group("tail")).strip()

@@ -32,6 +32,7 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "publish
     ("8x H100 with 3200 Gbps EFA", 3200, False),
     ("EFA 400 Gbps per instance", 400, False),
     ("400G IB per GPU", 400, True),
+    ("2x 100 GbE RoCE", 200, False),
 ])
 def test_notes_name_the_network_by_links_or_a_qualified_rate(text, gbps, per_gpu):
     bits, each, _ = network_named(text)

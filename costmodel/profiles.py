@@ -757,6 +757,12 @@ def cluster_of(name: str, profile: HardwareProfile, num_gpus: int, gpus_per_node
         inter_node=InterNodeFabric(nic_bandwidth_bytes_per_s=profile.nic_bandwidth_bytes_per_s.value)), profile)
 
 
+def with_nic(cluster: ClusterSpec, nic_bytes_per_s: float) -> ClusterSpec:
+    """``cluster`` with another NIC rate per GPU (each way)."""
+    fabric = cluster.inter_node.model_copy(update={"nic_bandwidth_bytes_per_s": nic_bytes_per_s})
+    return cluster.model_copy(update={"inter_node": fabric})
+
+
 # A cluster named by its GPU and count where no file has the name: "h100x1024", "GB200x72", "1024xH100".
 _GPU_COUNT = (re.compile(r"(?P<gpu>.*?[a-z].*?)\s*[x\u00d7]\s*(?P<n>\d+)", re.I),
               re.compile(r"(?P<n>\d+)\s*[x\u00d7]\s*(?P<gpu>.*?[a-z].*)", re.I))
@@ -792,8 +798,7 @@ def _named_cluster(name: str) -> tuple[ClusterSpec | None, str]:
         cluster = cluster_of(name.strip(), prof, n, min(n, gpn))
         inst = instance_named(m.group("gpu"))
         if inst is not None:   # a cloud instance type: its own network (hardware_profiles/instances.yaml)
-            cluster = cluster.model_copy(update={"inter_node": cluster.inter_node.model_copy(
-                update={"nic_bandwidth_bytes_per_s": inst.per_gpu_bytes_per_s})})
+            cluster = with_nic(cluster, inst.per_gpu_bytes_per_s)
         return cluster.model_copy(update={"price_per_gpu_hour_usd": price}), ""
     return None, why
 

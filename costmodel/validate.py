@@ -24,7 +24,7 @@ from costmodel.estimate import FRAMEWORK, estimate_arrays
 from costmodel.fit import factor_rows
 from costmodel.flops import total_params
 from costmodel.profiles import (HardwareProfile, InputError, cluster_of, instance_named, load_profile, read_text,
-                                server_gpus)
+                                server_gpus, with_nic)
 from costmodel.plan import ParallelPlan, PlanArrays, data_parallel, even_split, node_replicas
 from costmodel.specs import HYBRID_KINDS, INT64_MAX, PRECISION_ALIASES, ClusterSpec, ModelSpec
 
@@ -444,8 +444,8 @@ def _years(text: str) -> list[int]:
 
 def framework_of(row: dict, assumed: list[str]) -> str:
     """The row's ``framework`` column: a key of costmodel/estimate.py FRAMEWORK (megatron-core, megatron-lm-2021,
-    megatron-lm-2020, paxml, other, other-async-tp, other-2022). A row that leaves it empty, or a CSV without the column (the
-    schema of data/validation/published_runs.csv before it had one), gets the framework its notes name
+    megatron-lm-2020, paxml, other, other-async-tp, other-2022). A row that leaves it empty, or a CSV without the
+    column (the schema of data/validation/published_runs.csv before it had one), gets the framework its notes name
     (:func:`framework_from_notes`), and the row says so. A stack other than Megatron whose row names no year
     after 2022 (source id, notes, framework column) and at least one up to 2022 is ``other-2022``: it ran
     before FlashAttention reached such stacks; one whose framework column or notes name asynchronous tensor
@@ -892,8 +892,7 @@ def row_cluster(row: dict, profile: HardwareProfile, assumed: list[str] | None =
     if assumed is not None and nic != cluster.inter_node.nic_bandwidth_bytes_per_s:
         assumed.append(f"nic={nic * 8 / 1e9:g} Gb/s per GPU ({why}; the {profile.name} profile's reference system "
                        f"has {cluster.inter_node.nic_bandwidth_bytes_per_s * 8 / 1e9:g})")
-    fabric = cluster.inter_node.model_copy(update={"nic_bandwidth_bytes_per_s": nic})
-    return cluster.model_copy(update={"inter_node": fabric})
+    return with_nic(cluster, nic)
 
 
 def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) -> tuple[ParallelPlan, bool]:

@@ -816,3 +816,19 @@ def test_a_cluster_name_that_is_no_file_and_no_gpu_count_is_a_one_line_error(nam
 
     with pytest.raises(InputError, match=message):
         load_cluster(name)
+
+
+@pytest.mark.parametrize("gpu", ["H100", "GB200", "V100-32GB"])
+def test_a_refit_to_the_same_factors_rewrites_a_profile_byte_for_byte(gpu, tmp_path):
+    """scripts/fit_profiles.py writes a fitted block without the fields only plan calibrate sets (measured models
+    and kinds, the transfer weights, per-model factors): rewriting a shipped profile with its own calibration leaves
+    the file as it was."""
+    from script_module import load_script
+
+    fit = load_script("fit_profiles")
+    src = next(p for p in profile_paths() if p.stem == gpu)
+    copy = tmp_path / src.name
+    copy.write_text(src.read_text())
+    fit.write_block(copy, load_profile(gpu).calibration)
+    assert copy.read_text() == src.read_text()
+    assert "measured_kinds" not in copy.read_text() and "other_kind_weight" not in copy.read_text()

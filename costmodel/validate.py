@@ -383,7 +383,9 @@ _OFF_AFTER = re.compile(r"^\s*(?:[=:]\s*)?(?:false|off|disabled|0)\b|^\s+(?:was\
 # Frameworks whose tensor parallelism shards the norms' activations too (sequence parallelism) unless a row says
 # otherwise: megatron-core (Megatron-Bridge recipes turn it on with tp) and today's other stacks (torchtitan's
 # tensor-parallel plan, MegaScale on Megatron-LM); Megatron-LM before 2022 and the other stacks up to 2022 had none.
-SEQUENCE_PARALLEL_STACKS = ("megatron-core", "other", "other-async-tp")
+OTHER_STACKS_NOW = ("other", "other-async-tp")
+"""The FRAMEWORK keys of stacks other than Megatron or Pax after 2022 (not ``other-2022``)."""
+SEQUENCE_PARALLEL_STACKS = ("megatron-core", *OTHER_STACKS_NOW)
 # Words that name such a stack only where no Megatron or NeMo is named (Megatron-FSDP is megatron-core's).
 _OTHER_UNLESS_MEGATRON = r"\bfsdp\b"
 
@@ -454,18 +456,19 @@ def framework_of(row: dict, assumed: list[str]) -> str:
     fw = _framework_as_named(row, assumed)
     text = " ".join(row.get(c) or "" for c in ("source_id", "notes", "framework"))
     years = [int(y) for y in re.findall(r"(?<!\d)(20[012]\d)(?!\d)", text)]
-    if fw == "other" and years and max(years) <= 2022:
-        del assumed[said:]
-        raw = (row.get("framework") or "").strip()
-        assumed.append(f"framework=other-2022 ({raw or 'the notes'!r}: a stack other than Megatron, in "
-                       f"{max(years)}: attention unfused, no sequence parallelism)")
-        return "other-2022"
-    if fw == "other" and async_tp_named(" ".join(row.get(c) or "" for c in ("framework", "notes"))):
-        del assumed[said:]
-        raw = (row.get("framework") or "").strip()
-        assumed.append(f"framework=other-async-tp ({raw or 'the notes'!r} with asynchronous tensor parallelism "
-                       f"named: its collectives pipelined against the GEMMs, as megatron-core's --tp-comm-overlap)")
-        return "other-async-tp"
+    if fw != "other":
+        return fw
+    said_as = repr((row.get("framework") or "").strip() or "the notes")
+    if years and max(years) <= 2022:
+        fw, why = "other-2022", (f"{said_as}: a stack other than Megatron, in {max(years)}: attention unfused, no "
+                                 f"sequence parallelism")
+    elif async_tp_named(" ".join(row.get(c) or "" for c in ("framework", "notes"))):
+        fw, why = "other-async-tp", (f"{said_as} with asynchronous tensor parallelism named: its collectives "
+                                     f"pipelined against the GEMMs, as megatron-core's --tp-comm-overlap")
+    else:
+        return fw
+    del assumed[said:]
+    assumed.append(f"framework={fw} ({why})")
     return fw
 
 
@@ -1490,7 +1493,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
     cluster = row_cluster(row, profile, assumed)
     plan, known = row_plan(row, model, framework, assumed)
     # megatron-core's unpublished vp is searched regardless; another stack's where the row says it interleaved.
-    looped = interleaving_stack(row, framework in ("other", "other-async-tp")) if plan.pp > 1 else None
+    looped = interleaving_stack(row, framework in OTHER_STACKS_NOW) if plan.pp > 1 else None
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
     if not mbs_known:   # predict_case tries the options; drop the default row_plan noted
         assumed[:] = [a for a in assumed if not a.startswith("micro_batch=")]

@@ -1004,14 +1004,17 @@ def sequence_parallel_named(text: str, framework: str) -> bool | None:
     return None
 
 
+# Megatron-Bridge's performance scripts also name it "MoE A2A 1F1B communication overlap" (their a2a_1f1b option;
+# scripts/performance/utils/helpers.py moe_a2a_1f1b_overrides sets overlap_moe_expert_parallel_comm=True).
 _A2A_OVERLAP = re.compile(r"(overlap[-_ ]moe[-_ ]expert[-_ ]parallel[-_ ]comm|moe[-_ ]a2a[-_ ]overlap"
                           r"|(?:ep|expert[-_ ]parallel)[-_ ](?:a2a|all[-_ ]to[-_ ]all)[-_ ]overlap"
-                          r"|(?:a2a|all[-_ ]to[-_ ]all)[-_ ]overlap)(?:\s*[=:]\s*(\w+))?")
+                          r"|(?:a2a|all[-_ ]to[-_ ]all)[-_ ]overlap|(?:a2a|all[-_ ]to[-_ ]all)[-_ ]1f1b)"
+                          r"(?:\s*[=:]\s*(\w+))?")
 
 
 def a2a_overlap_named(notes: str) -> bool | None:
     """Whether a row's notes name megatron-core's MoE all-to-all overlap (--overlap-moe-expert-parallel-comm,
-    Megatron-Bridge's moe_a2a_overlap, 'EP A2A overlap') as on (True) or off ('=False', 'no a2a overlap');
+    Megatron-Bridge's moe_a2a_overlap and a2a_1f1b, 'EP A2A overlap') as on (True) or off ('=False', 'no a2a overlap');
     None where they do not name it."""
     text = notes.lower()
     m = _A2A_OVERLAP.search(text)

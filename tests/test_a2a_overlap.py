@@ -113,7 +113,8 @@ def test_plan_check_takes_it_and_suggests_it(capsys):
 @pytest.mark.parametrize("text, named", [
     ("moe_a2a_overlap=True", True), ("moe_a2a_overlap=False", False), ("--overlap-moe-expert-parallel-comm", True),
     ("EP A2A overlap, DeepEP", True), ("no a2a overlap", False), ("without EP all-to-all overlap", False),
-    ("tp comm overlap", None), ("", None)])
+    ("a2a_1f1b=True", True), ("MoE A2A 1F1B communication overlap", True), ("a2a_1f1b=False", False),
+    ("1F1B schedule", None), ("tp comm overlap", None), ("", None)])
 def test_notes_name_the_overlap(text, named):
     assert a2a_overlap_named(text) is named
 

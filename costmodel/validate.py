@@ -161,6 +161,10 @@ class Case:
     """Where a row of a stack other than Megatron names one whose pipeline schedule is documented to be
     interleaved (interleaving_stack), where that is documented: an unpublished vp is then read as a megatron-core
     row's is; '' otherwise."""
+    a2a_overlap_open: bool = False
+    """True where the notes name the MoE all-to-all overlap but the row leaves vp blank with pp > 1, which
+    megatron-core runs the overlap only with (interleaved): predict_case turns it on for each interleaving it tries
+    that allows it (_with_named_overlap)."""
 
 
 # Marks a table puts after a number to point at a footnote.
@@ -977,7 +981,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
                         dist_opt_instances=instances, optimizer_offload=offload)
-    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
+    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed, _vpp_open(row, plan)), known
 
 
 _SEQ_PAR = re.compile(r"(?<![a-z])(?:seq(?:uence)?[-_ ]?par(?:allel(?:ism)?)?|--sequence-parallel|sp)(?![a-z])"
@@ -1026,15 +1030,34 @@ def a2a_overlap_named(notes: str) -> bool | None:
     return True
 
 
-def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str]) -> ParallelPlan:
+def _vpp_open(row: dict, plan: ParallelPlan) -> bool:
+    """Whether a pipelined row leaves its interleaving (vp) unpublished."""
+    return plan.pp > 1 and not _int(row.get("vp", ""))
+
+
+def overlap_waits_for_interleaving(row: dict, model: ModelSpec, plan: ParallelPlan) -> bool:
+    """Whether the notes name the all-to-all overlap that megatron-core would run on this row's plan but for the
+    interleaving the row does not publish (Case.a2a_overlap_open)."""
+    from costmodel.rules import a2a_overlap_violations
+
+    return (_vpp_open(row, plan) and not plan.moe_a2a_overlap and bool(a2a_overlap_named(row.get("notes") or ""))
+            and not a2a_overlap_violations(model, plan.model_copy(update={"moe_a2a_overlap": True, "vpp": 2})))
+
+
+def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str],
+                      vpp_open: bool = False) -> ParallelPlan:
     """The plan with the all-to-all overlap its notes name (ParallelPlan.moe_a2a_overlap), where megatron-core
-    allows it (costmodel.rules.a2a_overlap_violations); else as it is, and the row says why."""
+    allows it (costmodel.rules.a2a_overlap_violations); else as it is, and the row says why. Where the one thing
+    missing is an interleaving the row does not publish (``vpp_open``), the plan stays as it is and nothing is
+    said: predict_case decides with the interleavings it tries (Case.a2a_overlap_open)."""
     from costmodel.rules import a2a_overlap_violations
 
     if not a2a_overlap_named(notes):
         return plan
     overlapped = plan.model_copy(update={"moe_a2a_overlap": True})
     why = a2a_overlap_violations(model, overlapped)
+    if why and vpp_open and not a2a_overlap_violations(model, overlapped.model_copy(update={"vpp": 2})):
+        return plan
     if why:
         assumed.append(f"moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core does not "
                        f"run here: {why[0]})")
@@ -1506,7 +1529,8 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                 micro_batch_known=mbs_known, ep_known=not model.is_moe or bool(_int(row.get("ep", ""))),
                 open_degrees=open_degrees,
                 stage_named=stage_named((row.get("zero_stage_or_distopt") or "").strip().lower()),
-                stack_interleaves=looped or "")
+                stack_interleaves=looped or "",
+                a2a_overlap_open=overlap_waits_for_interleaving(row, model, plan))
 
 
 # What every row error :func:`unexpected` writes says (tests look for it: no input may cause one).
@@ -1610,6 +1634,15 @@ def recompute_options(plan: ParallelPlan, model: ModelSpec, profile: HardwarePro
 # up to about 20 (Megatron-Bridge Llama 3 70B pp4 vp5; NeMo Llama 2 70B pp4 vp20), and the bound keeps a row
 # with an absurd layer count from trying millions.
 MAX_UNPUBLISHED_VPP = 64
+
+
+def _with_named_overlap(plan: ParallelPlan, model: ModelSpec) -> ParallelPlan:
+    """An interleaving predict_case tries for a row whose notes name the all-to-all overlap (Case.a2a_overlap_open):
+    with the overlap where megatron-core allows it (rules.a2a_overlap_violations: vpp > 1 here), else as it is."""
+    from costmodel.rules import a2a_overlap_violations
+
+    overlapped = plan.model_copy(update={"moe_a2a_overlap": True})
+    return plan if a2a_overlap_violations(model, overlapped) else overlapped
 
 
 def interleaving_options(plan: ParallelPlan, model: ModelSpec, num_gpus: int,
@@ -1770,6 +1803,8 @@ def predict_case(case: Case, profile: HardwareProfile | None = None, offload_fal
     layouts = [case.plan] if case.vpp_known else interleaving_options(case.plan, case.model, world,
                                                                       bool(case.stack_interleaves))
     interleaved = len(layouts) > 1
+    if case.a2a_overlap_open:
+        layouts = [_with_named_overlap(q, case.model) for q in layouts]
     if not case.micro_batch_known:
         layouts = [q for p in layouts for q in micro_batch_options(p)]
     if not case.ep_known:
@@ -1931,7 +1966,12 @@ def _note_choice(assumed: list[str], case: Case, plans: list[ParallelPlan], idx:
         assumed.append(f"ep={plans[idx].ep} (not published; the {chosen})")
     if plans[idx].zero_stage != case.plan.zero_stage:
         assumed.append(f"zero_stage={plans[idx].zero_stage} (the published layout does not fit otherwise)")
-    if plans[idx].moe_a2a_overlap != case.plan.moe_a2a_overlap:
+    if case.a2a_overlap_open and plans[idx].moe_a2a_overlap:
+        assumed.append(f"moe_a2a_overlap=True (from the notes, with the interleaving chosen: vpp={plans[idx].vpp})")
+    elif case.a2a_overlap_open and plans[idx].vpp == 1:
+        assumed.append("moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core runs only "
+                       "with an interleaved pipeline, and the fastest layout that fits does not interleave)")
+    elif case.a2a_overlap_open or plans[idx].moe_a2a_overlap != case.plan.moe_a2a_overlap:
         assumed.append("moe_a2a_overlap=False (what fits is full recompute, which megatron-core does not run with "
                        "the all-to-all overlap)")
     if plans[idx].dist_opt_instances != case.plan.dist_opt_instances:

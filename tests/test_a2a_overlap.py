@@ -133,9 +133,27 @@ def test_published_rows_take_the_overlap_their_notes_name(tmp_path):
     plain, named, no_vp = cases
     assert not plain.plan.moe_a2a_overlap and named.plan.moe_a2a_overlap
     assert "moe_a2a_overlap=True (from the notes)" in named.assumed
-    assert not no_vp.plan.moe_a2a_overlap and any(
-        a.startswith("moe_a2a_overlap=False (the notes name the all-to-all overlap") for a in no_vp.assumed)
     assert predict_case(named)["predicted_step_time_s"] < predict_case(plain)["predicted_step_time_s"] - 0.2
+    # vp blank: megatron-core runs the overlap only interleaved, so it waits for the interleaving predict_case picks
+    assert no_vp.a2a_overlap_open and not no_vp.plan.moe_a2a_overlap
+    assert not any(a.startswith("moe_a2a_overlap") for a in no_vp.assumed)
+    got = predict_case(no_vp)
+    assert got["plan"].vpp > 1 and got["plan"].moe_a2a_overlap
+    assert f"moe_a2a_overlap=True (from the notes, with the interleaving chosen: vpp={got['plan'].vpp})" \
+        in got["assumed"]
+
+
+def test_a_named_overlap_without_an_interleaving_is_dropped_and_said(tmp_path):
+    # A stack that does not interleave keeps vp 1 where vp is blank (interleaving_options): no overlap, said why.
+    rows = [{**ROW, "vp": "", "framework": "torchtitan", "notes": "a2a_1f1b=True"},
+            {**ROW, "vp": "", "framework": "torchtitan"}]
+    cases, errors = load_cases(write_rows(tmp_path / "runs.csv", rows))
+    assert not errors, errors
+    named, plain = (predict_case(c) for c in cases)
+    assert cases[0].a2a_overlap_open and named["plan"].vpp == 1 and not named["plan"].moe_a2a_overlap
+    assert any(a.startswith("moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core runs "
+                            "only with an interleaved pipeline") for a in named["assumed"])
+    assert named["predicted_step_time_s"] == plain["predicted_step_time_s"]
 
 
 def test_no_validated_run_supports_an_overlapped_plan():

@@ -981,7 +981,9 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
                         dist_opt_instances=instances, optimizer_offload=offload)
-    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed, _vpp_open(row, plan)), known
+    if overlap_waits_for_interleaving(row, model, plan):
+        return plan, known   # predict_case decides with the interleavings it tries (Case.a2a_overlap_open)
+    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
 
 
 _SEQ_PAR = re.compile(r"(?<![a-z])(?:seq(?:uence)?[-_ ]?par(?:allel(?:ism)?)?|--sequence-parallel|sp)(?![a-z])"
@@ -1030,34 +1032,24 @@ def a2a_overlap_named(notes: str) -> bool | None:
     return True
 
 
-def _vpp_open(row: dict, plan: ParallelPlan) -> bool:
-    """Whether a pipelined row leaves its interleaving (vp) unpublished."""
-    return plan.pp > 1 and not _int(row.get("vp", ""))
-
-
 def overlap_waits_for_interleaving(row: dict, model: ModelSpec, plan: ParallelPlan) -> bool:
     """Whether the notes name the all-to-all overlap that megatron-core would run on this row's plan but for the
-    interleaving the row does not publish (Case.a2a_overlap_open)."""
+    interleaving the row does not publish (vp blank with pp > 1; Case.a2a_overlap_open)."""
     from costmodel.rules import a2a_overlap_violations
 
-    return (_vpp_open(row, plan) and not plan.moe_a2a_overlap and bool(a2a_overlap_named(row.get("notes") or ""))
+    return (plan.pp > 1 and not _int(row.get("vp", "")) and bool(a2a_overlap_named(row.get("notes") or ""))
             and not a2a_overlap_violations(model, plan.model_copy(update={"moe_a2a_overlap": True, "vpp": 2})))
 
 
-def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str],
-                      vpp_open: bool = False) -> ParallelPlan:
+def _with_a2a_overlap(plan: ParallelPlan, model: ModelSpec, notes: str, assumed: list[str]) -> ParallelPlan:
     """The plan with the all-to-all overlap its notes name (ParallelPlan.moe_a2a_overlap), where megatron-core
-    allows it (costmodel.rules.a2a_overlap_violations); else as it is, and the row says why. Where the one thing
-    missing is an interleaving the row does not publish (``vpp_open``), the plan stays as it is and nothing is
-    said: predict_case decides with the interleavings it tries (Case.a2a_overlap_open)."""
+    allows it (costmodel.rules.a2a_overlap_violations); else as it is, and the row says why."""
     from costmodel.rules import a2a_overlap_violations
 
     if not a2a_overlap_named(notes):
         return plan
     overlapped = plan.model_copy(update={"moe_a2a_overlap": True})
     why = a2a_overlap_violations(model, overlapped)
-    if why and vpp_open and not a2a_overlap_violations(model, overlapped.model_copy(update={"vpp": 2})):
-        return plan
     if why:
         assumed.append(f"moe_a2a_overlap=False (the notes name the all-to-all overlap, which megatron-core does not "
                        f"run here: {why[0]})")

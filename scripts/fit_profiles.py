@@ -35,10 +35,28 @@ ONE_RUN_FIELDS = {"measured_models", "uncalibrated", "other_models_weight", "per
                   "other_kind_weight"}
 
 
+# Significant digits a fitted factor is written with. The least squares stop far coarser than this, and a refit's
+# last digits follow the machine's floating point (another CPU's BLAS moved them by about 1e-13), so the shipped
+# blocks are rounded: a refit anywhere rewrites them byte for byte.
+FACTOR_DIGITS = 8
+
+
+def _rounded(value):
+    """Floats (also inside lists and dicts) to FACTOR_DIGITS significant digits; anything else as it is."""
+    if isinstance(value, float):
+        return float(f"{value:.{FACTOR_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def write_block(path: Path, calibration: Calibration) -> None:
     text = path.read_text()
     # A fitted (not plan-calibrated) profile leaves plan calibrate's fields at their defaults, unwritten.
-    body = {"calibration": calibration.model_dump(exclude=None if calibration.measured_models else ONE_RUN_FIELDS)}
+    body = {"calibration": _rounded(calibration.model_dump(
+        exclude=None if calibration.measured_models else ONE_RUN_FIELDS))}
     block = CAL_MARKER + "\n" + yaml.safe_dump(body, sort_keys=False, width=100)
     if CAL_MARKER in text:
         head, rest = text.split(CAL_MARKER, 1)

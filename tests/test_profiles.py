@@ -832,3 +832,24 @@ def test_a_refit_to_the_same_factors_rewrites_a_profile_byte_for_byte(gpu, tmp_p
     fit.write_block(copy, load_profile(gpu).calibration)
     assert copy.read_text() == src.read_text()
     assert "measured_kinds" not in copy.read_text() and "other_kind_weight" not in copy.read_text()
+
+
+def test_a_refit_on_another_machine_rewrites_a_profile_byte_for_byte(tmp_path):
+    """A refit's last digits follow the machine's floating point (another CPU moved every factor by about 1e-13);
+    scripts/fit_profiles.py writes factors to FACTOR_DIGITS significant digits, so such a refit leaves the shipped
+    file as it was, and a factor that really moved is written moved."""
+    from script_module import load_script
+
+    fit = load_script("fit_profiles")
+    src = next(p for p in profile_paths() if p.stem == "H100")
+    cal = load_profile("H100").calibration
+    noisy = cal.model_copy(update={k: v * (1 + 3e-13) for k, v in cal.model_dump().items()
+                                   if isinstance(v, float) and v})
+    assert noisy.gemm_efficiency != cal.gemm_efficiency
+    copy = tmp_path / src.name
+    copy.write_text(src.read_text())
+    fit.write_block(copy, noisy)
+    assert copy.read_text() == src.read_text()
+    fit.write_block(copy, cal.model_copy(update={"gemm_efficiency": cal.gemm_efficiency * 1.001}))
+    assert copy.read_text() != src.read_text()
+    assert f"gemm_efficiency: {float(f'{cal.gemm_efficiency * 1.001:.8g}')!r}" in copy.read_text()

@@ -981,9 +981,7 @@ def row_plan(row: dict, model: ModelSpec, framework: str, assumed: list[str]) ->
                         distributed_optimizer=distopt or fsdp,
                         zero_stage=3 if fsdp else (zstage or (1 if distopt else 0)), framework=framework, layers_per_stage=split,
                         dist_opt_instances=instances, optimizer_offload=offload)
-    if overlap_waits_for_interleaving(row, model, plan):
-        return plan, known   # predict_case decides with the interleavings it tries (Case.a2a_overlap_open)
-    return _with_a2a_overlap(plan, model, row.get("notes") or "", assumed), known
+    return plan, known
 
 
 _SEQ_PAR = re.compile(r"(?<![a-z])(?:seq(?:uence)?[-_ ]?par(?:allel(?:ism)?)?|--sequence-parallel|sp)(?![a-z])"
@@ -1510,6 +1508,9 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                        f"{model.precision} tensor cores)")
     cluster = row_cluster(row, profile, assumed)
     plan, known = row_plan(row, model, framework, assumed)
+    overlap_open = overlap_waits_for_interleaving(row, model, plan)
+    if not overlap_open:   # else predict_case decides with the interleavings it tries (Case.a2a_overlap_open)
+        plan = _with_a2a_overlap(plan, model, row.get("notes") or "", assumed)
     # megatron-core's unpublished vp is searched regardless; another stack's where the row says it interleaved.
     looped = interleaving_stack(row, framework in OTHER_STACKS_NOW) if plan.pp > 1 else None
     mbs_known = bool(_int(row.get("micro_batch", ""))) or not micro_batch_open(plan)
@@ -1522,7 +1523,7 @@ def _case_of(i: int, row: dict, assumed: list[str], unpublished: bool, open_degr
                 open_degrees=open_degrees,
                 stage_named=stage_named((row.get("zero_stage_or_distopt") or "").strip().lower()),
                 stack_interleaves=looped or "",
-                a2a_overlap_open=overlap_waits_for_interleaving(row, model, plan))
+                a2a_overlap_open=overlap_open)
 
 
 # What every row error :func:`unexpected` writes says (tests look for it: no input may cause one).

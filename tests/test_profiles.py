@@ -818,17 +818,22 @@ def test_a_cluster_name_that_is_no_file_and_no_gpu_count_is_a_one_line_error(nam
         load_cluster(name)
 
 
+def _shipped_copy(gpu: str, tmp_path: Path):
+    """scripts/fit_profiles.py as a module, the shipped profile of ``gpu`` and a copy of it under tmp_path."""
+    from script_module import load_script
+
+    src = next(p for p in profile_paths() if p.stem == gpu)
+    copy = tmp_path / src.name
+    copy.write_text(src.read_text())
+    return load_script("fit_profiles"), src, copy
+
+
 @pytest.mark.parametrize("gpu", ["H100", "GB200", "V100-32GB"])
 def test_a_refit_to_the_same_factors_rewrites_a_profile_byte_for_byte(gpu, tmp_path):
     """scripts/fit_profiles.py writes a fitted block without the fields only plan calibrate sets (measured models
     and kinds, the transfer weights, per-model factors): rewriting a shipped profile with its own calibration leaves
     the file as it was."""
-    from script_module import load_script
-
-    fit = load_script("fit_profiles")
-    src = next(p for p in profile_paths() if p.stem == gpu)
-    copy = tmp_path / src.name
-    copy.write_text(src.read_text())
+    fit, src, copy = _shipped_copy(gpu, tmp_path)
     fit.write_block(copy, load_profile(gpu).calibration)
     assert copy.read_text() == src.read_text()
     assert "measured_kinds" not in copy.read_text() and "other_kind_weight" not in copy.read_text()
@@ -838,16 +843,11 @@ def test_a_refit_on_another_machine_rewrites_a_profile_byte_for_byte(tmp_path):
     """A refit's last digits follow the machine's floating point (another CPU moved every factor by about 1e-13);
     scripts/fit_profiles.py writes factors to FACTOR_DIGITS significant digits, so such a refit leaves the shipped
     file as it was, and a factor that really moved is written moved."""
-    from script_module import load_script
-
-    fit = load_script("fit_profiles")
-    src = next(p for p in profile_paths() if p.stem == "H100")
+    fit, src, copy = _shipped_copy("H100", tmp_path)
     cal = load_profile("H100").calibration
     noisy = cal.model_copy(update={k: v * (1 + 3e-13) for k, v in cal.model_dump().items()
                                    if isinstance(v, float) and v})
     assert noisy.gemm_efficiency != cal.gemm_efficiency
-    copy = tmp_path / src.name
-    copy.write_text(src.read_text())
     fit.write_block(copy, noisy)
     assert copy.read_text() == src.read_text()
     fit.write_block(copy, cal.model_copy(update={"gemm_efficiency": cal.gemm_efficiency * 1.001}))
